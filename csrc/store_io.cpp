@@ -1,0 +1,1041 @@
+// Native data path of the KV block store (pybind11 module ucm.store._native).
+//
+// Python decides *which* files to touch (layout, eviction, stats); this file
+// does the byte work: the block file format, XXH64 checksums and a small
+// thread pool that reads and writes many blocks with the GIL released.
+//
+// Block file layout (all integers little endian):
+//   [0, 8)      magic "UCMKVBLK"
+//   [8, 12)     u32 length of the msgpack header that follows
+//   [12, ...)   msgpack map {version, payload_offset, payload_len,
+//               token_count, xxh64, key}, zero padded to 4096 bytes
+//   [4096, ...) payload (exactly payload_len bytes)
+// The payload starts at 4096 so that O_DIRECT can read it into an aligned
+// destination without a bounce copy.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <fcntl.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace ucm {
+
+// ---------------------------------------------------------------------------
+// XXH64 (xxHash spec), streaming form. Implemented here so the extension has
+// no third-party C++ dependency; unit tests compare it with the Python
+// `xxhash` package.
+//
+// The bulk loop (4 lanes x 64 bit per 32-byte stripe) is the whole cost of
+// verifying a load. Scalar code is bound by one 64-bit multiply per cycle
+// (~10 GB/s at 2.6 GHz); with AVX-512DQ the four lanes fit one ymm register
+// (~18 GB/s on AMD Zen 4). Intel's vpmullq is slow, so the vector loop is only
+// used where a quick calibration shows it wins. Both give identical results.
+// ---------------------------------------------------------------------------
+constexpr uint64_t kP1 = 11400714785074694791ULL;
+constexpr uint64_t kP2 = 14029467366897019727ULL;
+constexpr uint64_t kP3 = 1609587929392839161ULL;
+constexpr uint64_t kP4 = 9650029242287828579ULL;
+constexpr uint64_t kP5 = 2870177450012600261ULL;
+
+inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl64(acc + input * kP2, 31) * kP1; }
+inline uint64_t read_le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  return v;
+}
+inline uint32_t read_le32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap32(v);
+#endif
+  return v;
+}
+
+// Consumes `stripes` 32-byte stripes into the four accumulators.
+using StripeFn = void (*)(uint64_t* v, const uint8_t* p, size_t stripes);
+
+void stripes_scalar(uint64_t* v, const uint8_t* p, size_t stripes) {
+  uint64_t v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
+  for (size_t i = 0; i < stripes; ++i, p += 32) {
+    v0 = xxh_round(v0, read_le64(p));
+    v1 = xxh_round(v1, read_le64(p + 8));
+    v2 = xxh_round(v2, read_le64(p + 16));
+    v3 = xxh_round(v3, read_le64(p + 24));
+  }
+  v[0] = v0; v[1] = v1; v[2] = v2; v[3] = v3;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512dq,avx512vl")))
+void stripes_avx512(uint64_t* v, const uint8_t* p, size_t stripes) {
+  __m256i acc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+  const __m256i p1 = _mm256_set1_epi64x(static_cast<long long>(kP1));
+  const __m256i p2 = _mm256_set1_epi64x(static_cast<long long>(kP2));
+  for (size_t i = 0; i < stripes; ++i, p += 32) {
+    __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    acc = _mm256_add_epi64(acc, _mm256_mullo_epi64(in, p2));
+    acc = _mm256_mullo_epi64(_mm256_rol_epi64(acc, 31), p1);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), acc);
+}
+
+bool avx512_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+}
+#else
+bool avx512_supported() { return false; }
+StripeFn stripes_avx512 = nullptr;
+#endif
+
+double time_stripes(StripeFn fn, const std::vector<uint8_t>& buf) {
+  uint64_t v[4] = {1, 2, 3, 4};
+  double best = 1e9;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn(v, buf.data(), buf.size() / 32);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best + (v[0] == 42 ? 1e-12 : 0.0);  // keep the result alive
+}
+
+// Picks the faster bulk loop once per process (~1 ms).
+StripeFn best_stripe_fn() {
+  static const StripeFn chosen = [] {
+    if (!avx512_supported()) return static_cast<StripeFn>(stripes_scalar);
+    std::vector<uint8_t> buf(256 * 1024, 0x5a);
+    double scalar = time_stripes(stripes_scalar, buf);
+    double vec = time_stripes(stripes_avx512, buf);
+    return vec < 0.9 * scalar ? static_cast<StripeFn>(stripes_avx512) : static_cast<StripeFn>(stripes_scalar);
+  }();
+  return chosen;
+}
+
+class Xxh64 {
+ public:
+  explicit Xxh64(uint64_t seed = 0, StripeFn stripes = best_stripe_fn()) : stripes_(stripes) { reset(seed); }
+
+  void reset(uint64_t seed) {
+    v_[0] = seed + kP1 + kP2;
+    v_[1] = seed + kP2;
+    v_[2] = seed;
+    v_[3] = seed - kP1;
+    seed_ = seed;
+    total_ = 0;
+    buffered_ = 0;
+  }
+
+  void update(const void* data, size_t len) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    total_ += len;
+    if (buffered_ + len < 32) {
+      std::memcpy(buf_ + buffered_, p, len);
+      buffered_ += len;
+      return;
+    }
+    if (buffered_ > 0) {
+      size_t fill = 32 - buffered_;
+      std::memcpy(buf_ + buffered_, p, fill);
+      stripes_(v_, buf_, 1);
+      p += fill;
+      len -= fill;
+      buffered_ = 0;
+    }
+    size_t stripes = len / 32;
+    stripes_(v_, p, stripes);
+    p += stripes * 32;
+    len -= stripes * 32;
+    if (len > 0) {
+      std::memcpy(buf_, p, len);
+      buffered_ = len;
+    }
+  }
+
+  uint64_t digest() const {
+    uint64_t h;
+    if (total_ >= 32) {
+      h = rotl64(v_[0], 1) + rotl64(v_[1], 7) + rotl64(v_[2], 12) + rotl64(v_[3], 18);
+      for (int i = 0; i < 4; ++i) h = (h ^ xxh_round(0, v_[i])) * kP1 + kP4;
+    } else {
+      h = seed_ + kP5;
+    }
+    h += total_;
+    const uint8_t* p = buf_;
+    size_t len = buffered_;
+    for (; len >= 8; p += 8, len -= 8) h = rotl64(h ^ xxh_round(0, read_le64(p)), 27) * kP1 + kP4;
+    if (len >= 4) {
+      h = rotl64(h ^ (static_cast<uint64_t>(read_le32(p)) * kP1), 23) * kP2 + kP3;
+      p += 4;
+      len -= 4;
+    }
+    for (; len > 0; ++p, --len) h = rotl64(h ^ (*p * kP5), 11) * kP1;
+    h ^= h >> 33;
+    h *= kP2;
+    h ^= h >> 29;
+    h *= kP3;
+    h ^= h >> 32;
+    return h;
+  }
+
+ private:
+  StripeFn stripes_;
+  uint64_t v_[4];
+  uint64_t seed_;
+  uint64_t total_;
+  uint8_t buf_[32];
+  size_t buffered_;
+};
+
+
+// ---------------------------------------------------------------------------
+// Block format
+// ---------------------------------------------------------------------------
+constexpr char kMagic[8] = {'U', 'C', 'M', 'K', 'V', 'B', 'L', 'K'};
+constexpr size_t kPrefixSize = 12;        // magic + u32 header length
+constexpr size_t kHeaderRegion = 4096;    // payload offset
+constexpr uint64_t kFormatVersion = 1;
+constexpr size_t kAlign = 4096;           // O_DIRECT buffer/offset/length alignment
+constexpr size_t kChunk = 256 * 1024;     // IO unit; small enough that the hash reads it from L2
+
+enum Status : int {
+  kOk = 0,
+  kNotFound = 1,
+  kBadHeader = 2,
+  kLengthMismatch = 3,
+  kChecksumMismatch = 4,
+  kIoError = 5,
+  kTruncated = 6,
+  kExists = 7,  // dump: the final file was already there, nothing written
+  kUnsupportedVersion = 8,  // written by another format version; left alone (rolling upgrades)
+};
+
+struct BlockHeader {
+  uint64_t version = 0;
+  uint64_t payload_offset = 0;
+  uint64_t payload_len = 0;
+  uint64_t token_count = 0;
+  uint64_t checksum = 0;
+  std::string key;
+};
+
+class MsgpackWriter {
+ public:
+  void map_header(uint32_t n) {
+    if (n < 16) {
+      out_.push_back(static_cast<char>(0x80 | n));
+    } else {
+      out_.push_back(static_cast<char>(0xde));
+      be(n, 2);
+    }
+  }
+  void str(std::string_view s) {  // keys are short literals
+    out_.push_back(static_cast<char>(0xa0 | s.size()));
+    out_.append(s);
+  }
+  void uint(uint64_t v) {
+    if (v < 128) {
+      out_.push_back(static_cast<char>(v));
+    } else if (v <= 0xff) {
+      out_.push_back(static_cast<char>(0xcc));
+      be(v, 1);
+    } else if (v <= 0xffff) {
+      out_.push_back(static_cast<char>(0xcd));
+      be(v, 2);
+    } else if (v <= 0xffffffffULL) {
+      out_.push_back(static_cast<char>(0xce));
+      be(v, 4);
+    } else {
+      out_.push_back(static_cast<char>(0xcf));
+      be(v, 8);
+    }
+  }
+  void bin(std::string_view b) {
+    if (b.size() <= 0xff) {
+      out_.push_back(static_cast<char>(0xc4));
+      be(b.size(), 1);
+    } else {
+      out_.push_back(static_cast<char>(0xc5));
+      be(b.size(), 2);
+    }
+    out_.append(b);
+  }
+  const std::string& bytes() const { return out_; }
+
+ private:
+  void be(uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; --i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  std::string out_;
+};
+
+// Reads just the msgpack subset a header can contain; anything else is a bad header.
+class MsgpackReader {
+ public:
+  MsgpackReader(const uint8_t* p, size_t n) : p_(p), end_(p + n) {}
+
+  struct Value {
+    enum Kind { kUint, kBytes, kOther } kind = kOther;
+    uint64_t u = 0;
+    std::string_view bytes;
+  };
+
+  bool map_header(uint32_t& n) {
+    uint8_t b;
+    if (!byte(b)) return false;
+    if ((b & 0xf0) == 0x80) {
+      n = b & 0x0f;
+      return true;
+    }
+    uint64_t v;
+    if (b == 0xde && be(2, v)) { n = static_cast<uint32_t>(v); return true; }
+    if (b == 0xdf && be(4, v)) { n = static_cast<uint32_t>(v); return true; }
+    return false;
+  }
+
+  // Reads one value; anything but unsigned ints, str and bin is skipped (kOther), so
+  // headers of newer writers with extra fields of any type stay readable.
+  bool value(Value& out, int depth = 0) {
+    uint8_t b;
+    if (!byte(b) || depth > 8) return false;
+    uint64_t v = 0;
+    out.kind = Value::kOther;
+    if (b < 0x80) { out.kind = Value::kUint; out.u = b; return true; }
+    if (b >= 0xe0) return true;                          // negative fixint
+    if ((b & 0xf0) == 0x80) return skip(2 * (b & 0x0f), depth);  // fixmap
+    if ((b & 0xf0) == 0x90) return skip(b & 0x0f, depth);        // fixarray
+    if ((b & 0xe0) == 0xa0) return raw(b & 0x1f, out);           // fixstr
+    switch (b) {
+      case 0xc0: case 0xc2: case 0xc3: return true;      // nil, false, true
+      case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        if (!be(1 << (b - 0xcc), v)) return false;
+        out.kind = Value::kUint;
+        out.u = v;
+        return true;
+      case 0xd0: case 0xd1: case 0xd2: case 0xd3: return advance(1u << (b - 0xd0));  // int8..64
+      case 0xca: return advance(4);                      // float32
+      case 0xcb: return advance(8);                      // float64
+      case 0xc4: case 0xd9: return be(1, v) && raw(v, out);
+      case 0xc5: case 0xda: return be(2, v) && raw(v, out);
+      case 0xc6: case 0xdb: return be(4, v) && raw(v, out);
+      case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: return advance(1 + (1u << (b - 0xd4)));  // fixext
+      case 0xc7: return be(1, v) && advance(1 + v);      // ext8/16/32
+      case 0xc8: return be(2, v) && advance(1 + v);
+      case 0xc9: return be(4, v) && advance(1 + v);
+      case 0xdc: return be(2, v) && skip(v, depth);      // array16/32
+      case 0xdd: return be(4, v) && skip(v, depth);
+      case 0xde: return be(2, v) && skip(2 * v, depth);  // map16/32
+      case 0xdf: return be(4, v) && skip(2 * v, depth);
+      default: return false;                             // 0xc1 is never used
+    }
+  }
+
+ private:
+  bool byte(uint8_t& b) {
+    if (p_ >= end_) return false;
+    b = *p_++;
+    return true;
+  }
+  bool be(int n, uint64_t& v) {
+    if (end_ - p_ < n) return false;
+    v = 0;
+    for (int i = 0; i < n; ++i) v = (v << 8) | p_[i];
+    p_ += n;
+    return true;
+  }
+  bool advance(uint64_t n) {
+    if (static_cast<uint64_t>(end_ - p_) < n) return false;
+    p_ += n;
+    return true;
+  }
+  bool skip(uint64_t values, int depth) {
+    Value ignored;
+    for (uint64_t i = 0; i < values; ++i)
+      if (!value(ignored, depth + 1)) return false;
+    return true;
+  }
+  bool raw(uint64_t n, Value& out) {
+    if (static_cast<uint64_t>(end_ - p_) < n) return false;
+    out.kind = Value::kBytes;
+    out.bytes = std::string_view(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return true;
+  }
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+// Fills the 4096-byte header region (prefix + msgpack + zero padding).
+void encode_header_region(const BlockHeader& h, uint8_t* region) {
+  MsgpackWriter w;
+  w.map_header(6);
+  w.str("version");        w.uint(h.version);
+  w.str("payload_offset"); w.uint(h.payload_offset);
+  w.str("payload_len");    w.uint(h.payload_len);
+  w.str("token_count");    w.uint(h.token_count);
+  w.str("xxh64");          w.uint(h.checksum);
+  w.str("key");            w.bin(h.key);
+  const std::string& mp = w.bytes();
+  std::memset(region, 0, kHeaderRegion);
+  std::memcpy(region, kMagic, sizeof(kMagic));
+  uint32_t n = static_cast<uint32_t>(mp.size());
+  for (int i = 0; i < 4; ++i) region[8 + i] = static_cast<uint8_t>((n >> (8 * i)) & 0xff);
+  std::memcpy(region + kPrefixSize, mp.data(), mp.size());
+}
+
+int decode_header_region(const uint8_t* region, BlockHeader& h) {
+  if (std::memcmp(region, kMagic, sizeof(kMagic)) != 0) return kBadHeader;
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(region[8 + i]) << (8 * i);
+  if (n > kHeaderRegion - kPrefixSize) return kBadHeader;
+  MsgpackReader r(region + kPrefixSize, n);
+  uint32_t entries = 0;
+  if (!r.map_header(entries)) return kBadHeader;
+  unsigned seen = 0;
+  for (uint32_t i = 0; i < entries; ++i) {
+    MsgpackReader::Value k, v;
+    if (!r.value(k) || !r.value(v)) return kBadHeader;
+    if (k.kind != MsgpackReader::Value::kBytes) continue;
+    auto take_uint = [&](uint64_t& dst, unsigned bit) {
+      if (v.kind != MsgpackReader::Value::kUint) return false;
+      dst = v.u;
+      seen |= bit;
+      return true;
+    };
+    bool ok = true;
+    if (k.bytes == "version") ok = take_uint(h.version, 1);
+    else if (k.bytes == "payload_offset") ok = take_uint(h.payload_offset, 2);
+    else if (k.bytes == "payload_len") ok = take_uint(h.payload_len, 4);
+    else if (k.bytes == "token_count") ok = take_uint(h.token_count, 8);
+    else if (k.bytes == "xxh64") ok = take_uint(h.checksum, 16);
+    else if (k.bytes == "key") {
+      ok = v.kind == MsgpackReader::Value::kBytes;
+      h.key.assign(v.bytes);
+      seen |= 32;
+    }
+    if (!ok) return kBadHeader;
+  }
+  if ((seen & 1) && h.version != kFormatVersion) return kUnsupportedVersion;
+  if (seen != 63 || h.payload_offset != kHeaderRegion) return kBadHeader;
+  return kOk;
+}
+
+// ---------------------------------------------------------------------------
+// POSIX helpers
+// ---------------------------------------------------------------------------
+std::atomic<uint64_t> g_direct_fallbacks{0};
+
+// Some filesystems accept O_DIRECT at open but reject the IO; switch the fd
+// to buffered IO and let the caller retry.
+bool drop_direct_on_einval(int fd) {
+  if (errno != EINVAL) return false;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || !(fl & O_DIRECT)) return false;
+  if (fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0) return false;
+  g_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Returns bytes read (short only at EOF) or -1 with errno set.
+ssize_t pread_full(int fd, void* buf, size_t n, off_t off) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, static_cast<char*>(buf) + done, n - done, off + done);
+    if (r < 0) {
+      if (errno == EINTR || drop_direct_on_einval(fd)) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+bool pwrite_full(int fd, const void* buf, size_t n, off_t off) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pwrite(fd, static_cast<const char*>(buf) + done, n - done, off + done);
+    if (r < 0) {
+      if (errno == EINTR || drop_direct_on_einval(fd)) continue;
+      return false;
+    }
+    if (r == 0) {
+      errno = EIO;
+      return false;
+    }
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool is_direct(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_DIRECT);
+}
+
+// open() that falls back to buffered IO where O_DIRECT is refused (tmpfs: EINVAL).
+int open_maybe_direct(const std::string& path, int flags, bool direct) {
+  if (direct) {
+    int fd = ::open(path.c_str(), flags | O_DIRECT, 0666);
+    if (fd >= 0 || errno != EINVAL) return fd;
+    g_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ::open(path.c_str(), flags, 0666);
+}
+
+// mkdir -p of the parent directory of `path`.
+bool make_parent_dirs(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return true;
+  std::string dir = path.substr(0, slash);
+  if (::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST) return true;
+  if (errno != ENOENT) return false;
+  if (!make_parent_dirs(dir)) return false;
+  return ::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuf = std::unique_ptr<uint8_t, FreeDeleter>;
+
+AlignedBuf aligned_alloc_or_throw(size_t n) {
+  void* p = nullptr;
+  if (posix_memalign(&p, kAlign, n) != 0) throw std::bad_alloc();
+  return AlignedBuf(static_cast<uint8_t*>(p));
+}
+
+// Per worker thread: one header region and one chunk, both aligned for O_DIRECT.
+struct ScratchBuffers {
+  AlignedBuf region = aligned_alloc_or_throw(kHeaderRegion);
+  AlignedBuf chunk = aligned_alloc_or_throw(kChunk);
+};
+ScratchBuffers& scratch() {
+  thread_local ScratchBuffers s;
+  return s;
+}
+
+inline size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlign == 0; }
+
+// ---------------------------------------------------------------------------
+// Per-block operations (run on worker threads; no Python objects touched)
+// ---------------------------------------------------------------------------
+struct Item {
+  std::string path;      // final block path (read: the file to read)
+  std::string tmp_path;  // write only
+  std::string key;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  uint64_t token_count = 0;
+  int status = kIoError;
+  int err = 0;
+};
+
+struct IoOptions {
+  bool direct = false;
+  bool fsync = false;
+  double touch_interval_s = 0.0;  // < 0: never touch mtime on read
+};
+
+bool write_payload(int fd, const Item& it, Xxh64& hash) {
+  ScratchBuffers& s = scratch();
+  for (size_t off = 0; off < it.size; off += kChunk) {
+    size_t n = std::min(kChunk, it.size - off);
+    const uint8_t* src = it.data + off;
+    off_t at = static_cast<off_t>(kHeaderRegion + off);
+    if (!is_direct(fd) || (aligned(src) && n % kAlign == 0)) {
+      hash.update(src, n);
+      if (!pwrite_full(fd, src, n, at)) return false;
+    } else {
+      std::memcpy(s.chunk.get(), src, n);
+      hash.update(s.chunk.get(), n);
+      size_t padded = round_up(n, kAlign);
+      std::memset(s.chunk.get() + n, 0, padded - n);
+      if (!pwrite_full(fd, s.chunk.get(), padded, at)) return false;
+    }
+  }
+  return true;
+}
+
+void write_block(Item& it, const IoOptions& opt) {
+  struct stat st;
+  if (::stat(it.path.c_str(), &st) == 0) {
+    it.status = kExists;
+    return;
+  }
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  int fd = open_maybe_direct(it.tmp_path, flags, opt.direct);
+  if (fd < 0 && errno == ENOENT && make_parent_dirs(it.tmp_path)) {
+    fd = open_maybe_direct(it.tmp_path, flags, opt.direct);
+  }
+  if (fd < 0) {
+    it.err = errno;
+    it.status = kIoError;
+    return;
+  }
+  Xxh64 hash(0);
+  bool ok = write_payload(fd, it, hash);
+  if (ok) {
+    BlockHeader h;
+    h.version = kFormatVersion;
+    h.payload_offset = kHeaderRegion;
+    h.payload_len = it.size;
+    h.token_count = it.token_count;
+    h.checksum = hash.digest();
+    h.key = it.key;
+    uint8_t* region = scratch().region.get();
+    encode_header_region(h, region);
+    ok = pwrite_full(fd, region, kHeaderRegion, 0);
+  }
+  // O_DIRECT wrote the last chunk padded; cut the file to its exact length.
+  if (ok && opt.direct) ok = ::ftruncate(fd, static_cast<off_t>(kHeaderRegion + it.size)) == 0;
+  if (ok && opt.fsync) ok = ::fsync(fd) == 0;
+  int saved = ok ? 0 : errno;
+  // close() reports deferred write errors on NFS, so it counts.
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    saved = errno;
+  }
+  if (ok && ::rename(it.tmp_path.c_str(), it.path.c_str()) != 0) {
+    ok = false;
+    saved = errno;
+  }
+  if (!ok) {
+    ::unlink(it.tmp_path.c_str());
+    it.err = saved;
+    it.status = kIoError;
+    return;
+  }
+  it.status = kOk;
+}
+
+int read_payload(int fd, Item& it, Xxh64& hash) {
+  ScratchBuffers& s = scratch();
+  for (size_t off = 0; off < it.size; off += kChunk) {
+    size_t n = std::min(kChunk, it.size - off);
+    uint8_t* dst = it.data + off;
+    off_t at = static_cast<off_t>(kHeaderRegion + off);
+    ssize_t got;
+    if (!is_direct(fd) || (aligned(dst) && n % kAlign == 0)) {
+      got = pread_full(fd, dst, n, at);
+    } else {
+      got = pread_full(fd, s.chunk.get(), round_up(n, kAlign), at);
+      if (got > 0) std::memcpy(dst, s.chunk.get(), std::min(static_cast<size_t>(got), n));
+    }
+    if (got < 0) {
+      it.err = errno;
+      return kIoError;
+    }
+    if (static_cast<size_t>(got) < n) return kTruncated;
+    hash.update(dst, n);
+  }
+  return kOk;
+}
+
+void maybe_touch(int fd, const struct stat& st, double touch_interval_s) {
+  if (touch_interval_s < 0) return;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  double age = static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+               1e-9 * static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec);
+  // Best effort: a read-only mount or a foreign owner only costs LRU precision.
+  if (age >= touch_interval_s) (void)::futimens(fd, nullptr);
+}
+
+int read_block_fd(int fd, Item& it, const IoOptions& opt) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    it.err = errno;
+    return kIoError;
+  }
+  uint8_t* region = scratch().region.get();
+  ssize_t got = pread_full(fd, region, kHeaderRegion, 0);
+  if (got < 0) {
+    it.err = errno;
+    return kIoError;
+  }
+  if (static_cast<size_t>(got) < kHeaderRegion) return kTruncated;
+  BlockHeader h;
+  int rc = decode_header_region(region, h);
+  if (rc != kOk) return rc;
+  if (h.key != it.key) return kBadHeader;
+  if (h.payload_len != it.size) return kLengthMismatch;
+  uint64_t expected = kHeaderRegion + h.payload_len;
+  if (static_cast<uint64_t>(st.st_size) < expected) return kTruncated;
+  if (static_cast<uint64_t>(st.st_size) > expected) return kBadHeader;
+  Xxh64 hash(0);
+  rc = read_payload(fd, it, hash);
+  if (rc != kOk) return rc;
+  if (hash.digest() != h.checksum) return kChecksumMismatch;
+  it.token_count = h.token_count;
+  maybe_touch(fd, st, opt.touch_interval_s);
+  return kOk;
+}
+
+void read_block(Item& it, const IoOptions& opt) {
+  int fd = open_maybe_direct(it.path, O_RDONLY | O_CLOEXEC, opt.direct);
+  if (fd < 0) {
+    it.err = errno;
+    it.status = (errno == ENOENT || errno == ENOTDIR) ? kNotFound : kIoError;
+    return;
+  }
+  it.status = read_block_fd(fd, it, opt);
+  ::close(fd);
+}
+
+// ---------------------------------------------------------------------------
+// Python buffers pinned for the lifetime of a task
+// ---------------------------------------------------------------------------
+class PinnedBuffer {
+ public:
+  PinnedBuffer(py::handle obj, bool writable) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
+    held_ = true;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept : view_(o.view_), held_(o.held_) { o.held_ = false; }
+  ~PinnedBuffer() {  // callers guarantee the GIL is held
+    if (held_) PyBuffer_Release(&view_);
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Thread pool
+// ---------------------------------------------------------------------------
+struct Task {
+  bool is_write = false;
+  std::vector<Item> items;
+  std::vector<PinnedBuffer> pins;  // released under the GIL by wait()/close()
+  std::atomic<size_t> remaining{0};
+  std::atomic<bool> done{false};
+  std::mutex m;
+  std::condition_variable cv;
+  std::chrono::steady_clock::time_point submitted;
+  std::chrono::steady_clock::time_point finished;
+};
+
+using Job = std::pair<std::shared_ptr<Task>, size_t>;
+
+class IoEngine {
+ public:
+  IoEngine(int num_threads, bool direct, bool fsync, double touch_interval_s) {
+    if (num_threads < 1 || num_threads > 256) throw py::value_error("num_threads must be in 1..256");
+    opt_.direct = direct;
+    opt_.fsync = fsync;
+    opt_.touch_interval_s = touch_interval_s;
+    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  ~IoEngine() { shutdown(/*release_gil=*/false); }
+
+  int64_t submit_write(const std::vector<std::string>& keys, const std::vector<std::string>& tmp_paths,
+                       const std::vector<std::string>& final_paths, const py::sequence& buffers,
+                       const std::vector<uint64_t>& token_counts) {
+    size_t n = keys.size();
+    if (tmp_paths.size() != n || final_paths.size() != n || static_cast<size_t>(py::len(buffers)) != n ||
+        token_counts.size() != n)
+      throw py::value_error("submit_write: keys, tmp_paths, final_paths, buffers, token_counts differ in length");
+    auto task = std::make_shared<Task>();
+    task->is_write = true;
+    task->items.resize(n);
+    task->pins.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      task->pins.push_back(pin(buffers[i], /*writable=*/false, "source", i));
+      Item& it = task->items[i];
+      it.key = keys[i];
+      it.tmp_path = tmp_paths[i];
+      it.path = final_paths[i];
+      it.data = task->pins.back().data();
+      it.size = task->pins.back().size();
+      it.token_count = token_counts[i];
+    }
+    return enqueue(std::move(task));
+  }
+
+  int64_t submit_read(const std::vector<std::string>& keys, const std::vector<std::string>& paths,
+                      const py::sequence& buffers) {
+    size_t n = keys.size();
+    if (paths.size() != n || static_cast<size_t>(py::len(buffers)) != n)
+      throw py::value_error("submit_read: keys, paths, buffers differ in length");
+    auto task = std::make_shared<Task>();
+    task->items.resize(n);
+    task->pins.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      task->pins.push_back(pin(buffers[i], /*writable=*/true, "destination", i));
+      Item& it = task->items[i];
+      it.key = keys[i];
+      it.path = paths[i];
+      it.data = task->pins.back().data();
+      it.size = task->pins.back().size();
+    }
+    return enqueue(std::move(task));
+  }
+
+  bool poll(int64_t id) { return find(id)->done.load(std::memory_order_acquire); }
+
+  // -> (statuses, errnos, token_counts, seconds from submit to completion)
+  py::tuple wait(int64_t id) {
+    std::shared_ptr<Task> task = find(id);
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lk(task->m);
+      task->cv.wait(lk, [&] { return task->done.load(std::memory_order_acquire); });
+    }
+    {
+      std::lock_guard<std::mutex> lk(tasks_mu_);
+      tasks_.erase(id);
+    }
+    task->pins.clear();  // GIL held here
+    std::vector<int> statuses, errnos;
+    std::vector<uint64_t> tokens;
+    for (const Item& it : task->items) {
+      statuses.push_back(it.status);
+      errnos.push_back(it.err);
+      tokens.push_back(it.token_count);
+    }
+    double secs = std::chrono::duration<double>(task->finished - task->submitted).count();
+    return py::make_tuple(statuses, errnos, tokens, secs);
+  }
+
+  // Existence of many files, in the calling thread(s) so lookups never queue behind bulk IO.
+  std::vector<bool> exists(const std::vector<std::string>& paths) {
+    std::vector<char> found(paths.size(), 0);
+    {
+      py::gil_scoped_release nogil;
+      auto run = [&](size_t begin, size_t end) {
+        struct stat st;
+        for (size_t i = begin; i < end; ++i) found[i] = ::stat(paths[i].c_str(), &st) == 0;
+      };
+      // Parallel stats only pay off for large batches (NFS round trips).
+      size_t parts = std::min<size_t>(workers_.size(), paths.size() / 512);
+      if (parts <= 1) {
+        run(0, paths.size());
+      } else {
+        std::vector<std::thread> helpers;
+        size_t per = (paths.size() + parts - 1) / parts;
+        for (size_t p = 1; p < parts; ++p)
+          helpers.emplace_back(run, p * per, std::min(paths.size(), (p + 1) * per));
+        run(0, std::min(paths.size(), per));
+        for (auto& t : helpers) t.join();
+      }
+    }
+    return std::vector<bool>(found.begin(), found.end());
+  }
+
+  void close() { shutdown(/*release_gil=*/true); }
+
+  int num_threads() const { return static_cast<int>(workers_.size()); }
+  bool direct_io() const { return opt_.direct; }
+
+ private:
+  PinnedBuffer pin(py::handle obj, bool writable, const char* what, size_t i) {
+    try {
+      return PinnedBuffer(obj, writable);
+    } catch (py::error_already_set& e) {
+      throw py::value_error(std::string(what) + " " + std::to_string(i) + " is not a " +
+                            (writable ? "writable " : "") + "C-contiguous buffer: " + e.what());
+    }
+  }
+
+  std::shared_ptr<Task> find(int64_t id) {
+    std::lock_guard<std::mutex> lk(tasks_mu_);
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) throw py::key_error("unknown or already waited task id " + std::to_string(id));
+    return it->second;
+  }
+
+  int64_t enqueue(std::shared_ptr<Task> task) {
+    task->submitted = std::chrono::steady_clock::now();
+    task->remaining.store(task->items.size());
+    int64_t id;
+    {
+      std::lock_guard<std::mutex> lk(tasks_mu_);
+      if (stopping_) throw std::runtime_error("IoEngine is closed");
+      id = next_id_++;
+      tasks_[id] = task;
+    }
+    if (task->items.empty()) {
+      task->finished = task->submitted;
+      task->done.store(true, std::memory_order_release);
+      return id;
+    }
+    {
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      auto& q = task->is_write ? writes_ : reads_;
+      for (size_t i = 0; i < task->items.size(); ++i) q.emplace_back(task, i);
+    }
+    queue_cv_.notify_all();
+    return id;
+  }
+
+  // Loads are on the critical path of a request, dumps are background work: reads go first.
+  void worker_loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lk(queue_mu_);
+        queue_cv_.wait(lk, [&] { return stop_workers_ || !reads_.empty() || !writes_.empty(); });
+        auto& q = !reads_.empty() ? reads_ : writes_;
+        if (q.empty()) return;  // stopping and drained
+        job = std::move(q.front());
+        q.pop_front();
+      }
+      Task& task = *job.first;
+      Item& it = task.items[job.second];
+      try {
+        if (task.is_write) write_block(it, opt_);
+        else read_block(it, opt_);
+      } catch (const std::exception&) {  // only std::bad_alloc is possible
+        it.status = kIoError;
+        it.err = ENOMEM;
+      }
+      if (task.remaining.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> lk(task.m);
+        task.finished = std::chrono::steady_clock::now();
+        task.done.store(true, std::memory_order_release);
+        task.cv.notify_all();
+      }
+    }
+  }
+
+  // Finishes queued work (dumps in flight still land), then joins the workers.
+  void shutdown(bool release_gil) {
+    {
+      std::lock_guard<std::mutex> lk(tasks_mu_);
+      stopping_ = true;
+    }
+    {
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      stop_workers_ = true;
+    }
+    queue_cv_.notify_all();
+    {
+      std::unique_ptr<py::gil_scoped_release> nogil;
+      if (release_gil) nogil = std::make_unique<py::gil_scoped_release>();
+      for (auto& t : workers_)
+        if (t.joinable()) t.join();
+    }
+    std::lock_guard<std::mutex> lk(tasks_mu_);
+    for (auto& kv : tasks_) kv.second->pins.clear();
+  }
+
+  IoOptions opt_;
+  std::vector<std::thread> workers_;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> reads_;
+  std::deque<Job> writes_;
+  bool stop_workers_ = false;
+  std::mutex tasks_mu_;
+  std::unordered_map<int64_t, std::shared_ptr<Task>> tasks_;
+  int64_t next_id_ = 1;
+  bool stopping_ = false;
+};
+
+std::vector<std::string> xxh64_impls() {
+  std::vector<std::string> out = {"auto", "scalar"};
+  if (avx512_supported()) out.push_back("avx512");
+  return out;
+}
+
+StripeFn stripe_fn_named(const std::string& impl) {
+  if (impl == "auto") return best_stripe_fn();
+  if (impl == "scalar") return stripes_scalar;
+  if (impl == "avx512" && avx512_supported()) return stripes_avx512;
+  std::string known;
+  for (const auto& name : xxh64_impls()) known += (known.empty() ? "" : ", ") + name;
+  throw py::value_error("xxh64 impl must be one of " + known + "; got '" + impl + "'");
+}
+
+uint64_t xxh64_py(py::handle data, uint64_t seed, const std::string& impl) {
+  StripeFn fn = stripe_fn_named(impl);
+  PinnedBuffer buf(data, /*writable=*/false);
+  py::gil_scoped_release nogil;
+  Xxh64 h(seed, fn);
+  h.update(buf.data(), buf.size());
+  return h.digest();
+}
+
+}  // namespace ucm
+
+PYBIND11_MODULE(_native, m) {
+  using namespace ucm;
+  m.doc() = "Native data path of the ucm KV block store: block files, XXH64, threaded IO.";
+  m.attr("MAGIC") = py::bytes(kMagic, sizeof(kMagic));
+  m.attr("PREFIX_SIZE") = kPrefixSize;
+  m.attr("HEADER_REGION") = kHeaderRegion;
+  m.attr("FORMAT_VERSION") = kFormatVersion;
+  py::dict codes;
+  codes["OK"] = static_cast<int>(kOk);
+  codes["NOT_FOUND"] = static_cast<int>(kNotFound);
+  codes["BAD_HEADER"] = static_cast<int>(kBadHeader);
+  codes["LENGTH_MISMATCH"] = static_cast<int>(kLengthMismatch);
+  codes["CHECKSUM_MISMATCH"] = static_cast<int>(kChecksumMismatch);
+  codes["IO_ERROR"] = static_cast<int>(kIoError);
+  codes["TRUNCATED"] = static_cast<int>(kTruncated);
+  codes["EXISTS"] = static_cast<int>(kExists);
+  codes["UNSUPPORTED_VERSION"] = static_cast<int>(kUnsupportedVersion);
+  m.attr("STATUS_CODES") = codes;
+
+  m.def("xxh64", &xxh64_py, py::arg("data"), py::arg("seed") = 0, py::arg("impl") = "auto",
+        "XXH64 of a C-contiguous buffer; equals xxhash.xxh64(data, seed).intdigest().");
+  m.def("xxh64_impls", &xxh64_impls, "Bulk-loop implementations usable on this CPU.");
+  m.def("xxh64_active_impl", [] { return best_stripe_fn() == stripes_scalar ? "scalar" : "avx512"; },
+        "The implementation the engine uses (chosen by CPU support and a calibration run).");
+  m.def("direct_io_fallbacks", [] { return g_direct_fallbacks.load(); },
+        "How many times O_DIRECT was refused and buffered IO used instead (process-wide).");
+
+  py::class_<IoEngine>(m, "IoEngine")
+      .def(py::init<int, bool, bool, double>(), py::arg("num_threads"), py::arg("direct_io") = false,
+           py::arg("fsync") = false, py::arg("touch_interval_s") = 60.0)
+      .def("submit_write", &IoEngine::submit_write, py::arg("keys"), py::arg("tmp_paths"),
+           py::arg("final_paths"), py::arg("buffers"), py::arg("token_counts"))
+      .def("submit_read", &IoEngine::submit_read, py::arg("keys"), py::arg("paths"), py::arg("buffers"))
+      .def("poll", &IoEngine::poll, py::arg("task_id"))
+      .def("wait", &IoEngine::wait, py::arg("task_id"))
+      .def("exists", &IoEngine::exists, py::arg("paths"))
+      .def("close", &IoEngine::close)
+      .def_property_readonly("num_threads", &IoEngine::num_threads)
+      .def_property_readonly("direct_io", &IoEngine::direct_io);
+}

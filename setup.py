@@ -1,0 +1,15 @@
+"""Build of the native store IO engine (csrc/); everything else is declared in pyproject.toml."""
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+ext_modules = [
+    Pybind11Extension(
+        "ucm.store._native",
+        sorted(["csrc/store_io.cpp"]),
+        cxx_std=17,
+        extra_compile_args=["-O3", "-pthread"],
+        extra_link_args=["-pthread"],
+    ),
+]
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": build_ext})

@@ -1,0 +1,344 @@
+"""Typed UCM configuration, parsed once from vLLM's `kv_connector_extra_config`.
+
+Users write the same dict as for UCM::
+
+    {
+      "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
+                          "ucm_connector_config": {"storage_backends": "/mnt/kv"}}],
+      "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
+                                      "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.2}}}},
+    }
+
+Instead of (or besides) writing it inline, the keys can live in a YAML file. Where it is:
+  1. `kv_connector_extra_config["UCM_CONFIG_FILE"]`, if set; otherwise
+  2. the environment variable `UCM_CONFIG_FILE`, if set and non-empty; otherwise no file.
+Keys written in `kv_connector_extra_config` override the file's keys at the TOP LEVEL only:
+an inline `ucm_sparse_config` replaces the file's whole `ucm_sparse_config`, it is not merged
+into it. (A deep merge would make it impossible to remove a nested key the file sets.)
+
+Everything is checked at start-up, so a typo fails the engine launch with a message naming the
+key path (e.g. `ucm_connectors[0].ucm_connector_name`), instead of failing a request later.
+Unknown keys are logged as warnings, not errors, so a config written for a newer UCM still loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeAlias
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE_KEY = "UCM_CONFIG_FILE"  # both the env var and the key inside the extra config
+EXTRA_NAME = "kv_connector_extra_config"
+# Top-level keys this module understands; anything else is kept in `UCMConfig.extra` and warned about.
+KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY})
+
+_ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
+_ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"
+
+
+class UCMConfigError(ValueError):
+    """A configuration problem; the message names the offending key path or file."""
+
+
+# -- small checkers: each names `path` in its error ----------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise UCMConfigError(f"{path} must be a mapping, got {_type_name(value)}")
+    return value
+
+
+def _require(d: Mapping[str, Any], key: str, path: str) -> Any:
+    if key not in d:
+        raise UCMConfigError(f"{path}.{key} is required" if path else f"{key} is required")
+    return d[key]
+
+
+def _warn_unknown(d: Mapping[str, Any], known: set[str] | frozenset[str], path: str) -> None:
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        logger.warning("%s: unknown keys ignored: %s", path, ", ".join(unknown))
+
+
+def _key(path: str, key: str) -> str:
+    """`a.b["model.layers.1..."]`: dotted names stay readable inside a dotted path."""
+    return f"{path}[{json.dumps(key)}]"
+
+
+def attn_layer_name(index: int) -> str:
+    """vLLM's name of decoder layer `index`'s attention, as used in `compute_meta`."""
+    return f"model.layers.{index}.self_attn.attn"
+
+
+# -- stores ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """One `ucm_connectors` entry; `config` is handed unchanged to `ucm.store.create_store`."""
+
+    name: str
+    config: dict[str, Any]
+
+    @classmethod
+    def from_dict(cls, entry: Any, path: str) -> StoreSpec:
+        entry = _mapping(entry, path)
+        _warn_unknown(entry, {"ucm_connector_name", "ucm_connector_config"}, path)
+        name = _require(entry, "ucm_connector_name", path)
+        if not isinstance(name, str):
+            raise UCMConfigError(f"{path}.ucm_connector_name must be a str, got {_type_name(name)}")
+        config = _mapping(_require(entry, "ucm_connector_config", path), f"{path}.ucm_connector_config")
+        _validate_store(name, config, path)
+        return cls(name=name, config=dict(config))
+
+
+def _validate_store(name: str, config: Mapping[str, Any], path: str) -> None:
+    """Runs the store's own parser now, so bad store keys fail at start-up, not at first use.
+
+    `ucm.store.factory` only exposes builders (`STORES`), not validators, so: UcmNfsStore is checked
+    with `NfsStoreConfig.from_dict` (no I/O); UcmDramStore with its builder, which allocates nothing
+    up front; any other registered store is only checked when it is built.
+    """
+    from ucm.store.config import NfsStoreConfig
+    from ucm.store.factory import STORES
+
+    if name not in STORES:
+        raise UCMConfigError(
+            f"{path}.ucm_connector_name: unknown store {name!r}; known stores: {', '.join(sorted(STORES))}"
+        )
+    validators: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+        "UcmNfsStore": NfsStoreConfig.from_dict,
+        "UcmDramStore": STORES["UcmDramStore"],
+    }
+    validate = validators.get(name)
+    if validate is None:
+        return
+    try:
+        validate(config)
+    except UCMConfigError:
+        raise
+    except ValueError as e:
+        raise UCMConfigError(f"{path}.ucm_connector_config: {e}") from e
+
+
+# -- sparse methods --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """CacheBlend settings.
+
+    At the check layer every prompt token's K is recomputed and compared with the loaded K; only
+    the top `ratio` of cache-hit tokens (by deviation) are recomputed in the layers after it.
+    `chunk_end_token_id` None means chunk boundaries come only from per-request parameters.
+    """
+
+    name: ClassVar[str] = "Blend"
+
+    chunk_end_token_id: int | None
+    check_layer_name: str
+    check_layer: int
+    ratio: float
+
+    def __post_init__(self) -> None:
+        # Guards direct construction: the two spellings of the check layer must agree.
+        if self.check_layer_name != attn_layer_name(self.check_layer):
+            raise UCMConfigError(
+                f"BlendConfig: check_layer_name {self.check_layer_name!r} does not match check_layer {self.check_layer}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
+        d = _mapping(d, path)
+        _warn_unknown(d, {"chunk_end_token_id", "compute_meta"}, path)
+
+        token = d.get("chunk_end_token_id")
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+            raise UCMConfigError(
+                f"{path}.chunk_end_token_id must be a non-negative int (or absent), got {token!r} "
+                f"({_type_name(token)})"
+            )
+
+        meta_path = f"{path}.compute_meta"
+        meta = _mapping(_require(d, "compute_meta", path), meta_path)
+        example = f'{{"{_ATTN_LAYER_EXAMPLE}": {{"ratio": 0.2}}}}'
+        if len(meta) != 1:
+            raise UCMConfigError(
+                f"{meta_path} must hold exactly one entry (the check layer), e.g. {example}; "
+                f"got {len(meta)}: {sorted(map(str, meta))}"
+            )
+        ((layer_name, layer_meta),) = meta.items()
+        match = _ATTN_LAYER_RE.fullmatch(layer_name) if isinstance(layer_name, str) else None
+        if match is None:
+            raise UCMConfigError(
+                f"{meta_path} key {layer_name!r} is not an attention layer name; "
+                f"expected model.layers.<i>.self_attn.attn, e.g. {example}"
+            )
+        layer_path = _key(meta_path, layer_name)
+        layer_meta = _mapping(layer_meta, layer_path)
+        _warn_unknown(layer_meta, {"ratio"}, layer_path)
+        ratio = _require(layer_meta, "ratio", layer_path)
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or not math.isfinite(ratio)
+            or not 0 <= ratio <= 1
+        ):
+            raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
+
+        return cls(
+            chunk_end_token_id=token,
+            check_layer_name=layer_name,
+            check_layer=int(match.group(1)),
+            ratio=float(ratio),
+        )
+
+    def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:
+        """Checks what only the loaded model can tell: the check layer and the token id exist.
+
+        A check layer that is the model's last layer is allowed (output equals full recompute) but
+        warned about, since no later layer is left to save work on.
+        """
+        if not 0 <= self.check_layer < num_layers:
+            valid = f" ({attn_layer_name(0)} .. {attn_layer_name(num_layers - 1)})" if num_layers > 0 else ""
+            raise UCMConfigError(
+                f"{path}.compute_meta: check layer {self.check_layer_name!r} does not exist; "
+                f"the model has {num_layers} layers{valid}"
+            )
+        if self.check_layer == num_layers - 1:
+            logger.warning(
+                "%s.compute_meta: check layer %r is the model's last layer; Blend saves no compute",
+                path,
+                self.check_layer_name,
+            )
+        if self.chunk_end_token_id is not None and self.chunk_end_token_id >= vocab_size:
+            raise UCMConfigError(
+                f"{path}.chunk_end_token_id {self.chunk_end_token_id} is outside the model's vocabulary "
+                f"(size {vocab_size})"
+            )
+
+
+# A parsed sparse method's config; a union once more methods are registered.
+SparseSpec: TypeAlias = BlendConfig
+
+# Sparse method name -> parser(dict, key path). Register new methods here.
+SPARSE_METHODS: dict[str, Callable[[Any, str], SparseSpec]] = {
+    BlendConfig.name: BlendConfig.from_dict,
+}
+
+
+def parse_sparse(value: Any, path: str = "ucm_sparse_config") -> SparseSpec | None:
+    """`ucm_sparse_config` names zero or one method; absent, None or {} means no sparse method."""
+    if value is None:
+        return None
+    value = _mapping(value, path)
+    if not value:
+        return None
+    if len(value) > 1:
+        raise UCMConfigError(
+            f"{path} must name at most one sparse method, got {len(value)}: {', '.join(sorted(map(str, value)))}"
+        )
+    ((method, method_config),) = value.items()
+    parser = SPARSE_METHODS.get(method)
+    if parser is None:
+        raise UCMConfigError(
+            f"{path}: unknown sparse method {method!r}; known methods: {', '.join(sorted(SPARSE_METHODS))}"
+        )
+    return parser(method_config, f"{path}.{method}")
+
+
+# -- top level -------------------------------------------------------------------------------------
+
+
+def _load_yaml(path: str, source: str) -> dict[str, Any]:
+    """Reads the config file; every failure names the file and where its path came from."""
+    where = f"{CONFIG_FILE_KEY} file {path!r} (from {source})"
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError as e:
+        raise UCMConfigError(f"{where} does not exist") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise UCMConfigError(f"{where} cannot be read: {e}") from e
+    except yaml.YAMLError as e:
+        raise UCMConfigError(f"{where} is not valid YAML: {e}") from e
+    if not isinstance(data, Mapping):
+        got = "an empty file" if data is None else _type_name(data)
+        raise UCMConfigError(f"{where} must hold a mapping at top level, got {got}")
+    data = dict(data)
+    if CONFIG_FILE_KEY in data:
+        logger.warning("%s sets %s itself; nested config files are not followed", where, CONFIG_FILE_KEY)
+        del data[CONFIG_FILE_KEY]
+    return data
+
+
+@dataclass(frozen=True)
+class UCMConfig:
+    """The whole parsed configuration.
+
+    `extra` is the merged raw dict (file keys overridden by inline keys, deep-copied), for
+    consumers of keys this module does not know. `config_file` is the YAML file read, if any.
+    """
+
+    stores: tuple[StoreSpec, ...]
+    sparse: SparseSpec | None
+    extra: dict[str, Any]
+    config_file: str | None = None
+
+    @classmethod
+    def from_extra_config(
+        cls, extra: Mapping[str, Any] | None, env: Mapping[str, str] = os.environ
+    ) -> UCMConfig:
+        inline = dict(_mapping(extra, EXTRA_NAME)) if extra is not None else {}
+
+        config_file: str | None = None
+        source = ""
+        if CONFIG_FILE_KEY in inline:
+            config_file = inline.pop(CONFIG_FILE_KEY)
+            if not isinstance(config_file, (str, os.PathLike)):
+                raise UCMConfigError(
+                    f"{EXTRA_NAME}.{CONFIG_FILE_KEY} must be a path string, got {_type_name(config_file)}"
+                )
+            config_file = os.fspath(config_file)
+            source = f"{EXTRA_NAME}.{CONFIG_FILE_KEY}"
+        elif env.get(CONFIG_FILE_KEY):
+            config_file = env[CONFIG_FILE_KEY]
+            source = f"environment variable {CONFIG_FILE_KEY}"
+        merged = _load_yaml(config_file, source) if config_file else {}
+        merged.update(inline)  # inline keys win, top level only (see module docstring)
+        merged = copy.deepcopy(merged)
+
+        _warn_unknown(merged, KNOWN_TOP_LEVEL_KEYS, EXTRA_NAME)
+        if "ucm_connectors" not in merged and "ucm_connector_name" in merged:
+            raise UCMConfigError(
+                "ucm_connectors is required: a list of {ucm_connector_name, ucm_connector_config}; "
+                "wrap the top-level ucm_connector_name/ucm_connector_config in a one-element list"
+            )
+        connectors = _require(merged, "ucm_connectors", "")
+        if not isinstance(connectors, (list, tuple)):
+            raise UCMConfigError(f"ucm_connectors must be a list, got {_type_name(connectors)}")
+        if not connectors:
+            raise UCMConfigError("ucm_connectors must list at least one store, got an empty list")
+        stores = tuple(StoreSpec.from_dict(entry, f"ucm_connectors[{i}]") for i, entry in enumerate(connectors))
+
+        return cls(
+            stores=stores,
+            sparse=parse_sparse(merged.get("ucm_sparse_config")),
+            extra=merged,
+            config_file=config_file,
+        )

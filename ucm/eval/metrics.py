@@ -1,0 +1,38 @@
+"""SQuAD-style answer F1, the metric CacheBlend reports for MuSiQue and friends."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def normalize_answer(text: str) -> str:
+    text = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    pred = normalize_answer(prediction).split()
+    ref = normalize_answer(reference).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def best_f1(prediction: str, references: list[str]) -> float:
+    return max((token_f1(prediction, r) for r in references), default=0.0)
+
+
+def short_answer(text: str) -> str:
+    """Models keep talking after the answer; score its first sentence of the first line only."""
+    line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
+    return _SENTENCE_END.split(line, maxsplit=1)[0].rstrip(".")

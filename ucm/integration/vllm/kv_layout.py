@@ -1,0 +1,407 @@
+"""Read and write the KV of single tokens in one layer's paged vLLM KV cache.
+
+The connector moves KV in a canonical, token-major form: ``k, v: [num_tokens, num_kv_heads,
+head_size]``. A token is addressed by its *slot*, ``block_id * block_size + offset``, the same
+numbering as vLLM's ``slot_mapping``. Two physical layouts are supported (vLLM 0.32):
+
+``CPU_ATTN`` (:class:`CpuKVLayout`)
+    vLLM hands the connector one contiguous ``[num_blocks, H, block_size, 2 * D]`` tensor per
+    layer (``KVCacheLayout.LBHNC``, the only layout this backend accepts), but the attention
+    kernel does not use that shape as it reads: it views it as ``[num_blocks, H, 2 * block_size,
+    D]`` and chunks dim 2. For the ``vec``/``vec16`` ISAs, each ``(block, head)`` page of
+    ``2 * block_size * D`` elements holds K *transposed*, ``[D, block_size]`` (``K[t, d]`` at
+    ``d * block_size + t``), followed by V token-major, ``[block_size, D]`` (``V[t, d]`` at
+    ``block_size * D + t * D + d``). The ``amx`` ISA (bfloat16 with AMX and ``block_size % 32 ==
+    0``) packs both into VNNI tiles instead, and is refused. Verified bit-exact against
+    ``vllm._custom_ops.cpu_attn_reshape_and_cache`` (see ``tests/unit/integration``).
+
+``FLASH_ATTN`` (:class:`FlashKVLayout`)
+    vLLM hands a *logical* ``[num_blocks, H, block_size, 2 * D]`` view whose strides follow the
+    resolved ``KVCacheLayout`` (default ``LBNHC``: physical ``[num_blocks, block_size, H, 2 * D]``;
+    block-outermost layouts interleave the layers' pages, so the view need not be contiguous).
+    FlashAttention reads it as ``kv_cache.transpose(1, 2).split(D, dim=-1)``: K is
+    ``[..., :D]`` and V is ``[..., D:]``. Plain strided indexing on the logical view is correct
+    for every stride order, on any device.
+
+When vLLM splits a KV-manager block into several smaller kernel blocks, the tensor's dim 2 is the
+kernel block size; slots are unaffected (kernel blocks of a manager block are consecutive), and
+``gather_blocks``/``scatter_blocks`` take manager block ids (``block_size``) and expand them.
+
+Slots must be valid (``0 <= slot < num_blocks * kernel_block_size``; vLLM's padding slot ``-1`` is
+not skipped) and a scatter must not name a slot twice.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+
+import torch
+
+__all__ = [
+    "KVLayout",
+    "CpuKVLayout",
+    "FlashKVLayout",
+    "layout_for",
+    "slots_for_positions",
+    "SUPPORTED_BACKENDS",
+]
+
+# ISAs of vLLM's CPU attention whose cache layout is the one described above.
+_TRANSPOSED_K_ISAS = ("vec", "vec16")
+_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def slots_for_positions(
+    block_ids: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Slots of the tokens at ``positions`` of a request whose block table is ``block_ids``.
+
+    ``block_ids[i]`` holds the request's positions ``[i * block_size, (i + 1) * block_size)``.
+    Returns a LongTensor shaped like ``positions``, on ``block_ids``' device.
+    """
+    block_ids = torch.as_tensor(block_ids, dtype=torch.long)
+    positions = torch.as_tensor(positions, dtype=torch.long, device=block_ids.device)
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError("positions must be non-negative")
+    return block_ids[positions // block_size] * block_size + positions % block_size
+
+
+class KVLayout(ABC):
+    """Token-level access to one layer's paged KV cache. Stateless apart from its geometry."""
+
+    backend_name: str = ""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        kernel_block_size: int | None = None,
+    ) -> None:
+        kernel_block_size = block_size if kernel_block_size is None else kernel_block_size
+        if min(block_size, num_kv_heads, head_size, kernel_block_size) <= 0:
+            raise ValueError("block_size, num_kv_heads and head_size must be positive")
+        if block_size % kernel_block_size:
+            raise ValueError(
+                f"kernel block size {kernel_block_size} does not divide block size {block_size}"
+            )
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.kernel_block_size = kernel_block_size
+
+    # ---------------------------------------------------------------- public API
+
+    @abstractmethod
+    def gather(self, kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the K and V of ``slots``: two contiguous ``[n, H, D]`` tensors."""
+
+    @abstractmethod
+    def scatter(self, kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Writes ``k, v: [n, H, D]`` into ``slots`` of ``kv_cache``, in place."""
+
+    def gather_blocks(self, kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of every token of ``block_ids``: ``[len(block_ids) * block_size, H, D]``,
+        blocks in the given order, tokens in order within each block."""
+        self._check(kv_cache)
+        kb = self._kernel_blocks(block_ids, kv_cache.device)
+        if kb.numel() == 0:
+            return self._empty(kv_cache), self._empty(kv_cache)
+        return self._gather_kernel_blocks(kv_cache, kb)
+
+    def scatter_blocks(
+        self, kv_cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Writes whole blocks: ``k, v: [len(block_ids) * block_size, H, D]``, token-major."""
+        self._check(kv_cache)
+        kb = self._kernel_blocks(block_ids, kv_cache.device)
+        k, v = self._prepare_kv(kv_cache, k, v, kb.numel() * self.kernel_block_size)
+        if kb.numel() == 0:
+            return
+        self._scatter_kernel_blocks(kv_cache, kb, k, v)
+
+    def block_slots(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """All slots of ``block_ids``, in ``gather_blocks`` order."""
+        block_ids = torch.as_tensor(block_ids, dtype=torch.long)
+        offsets = torch.arange(self.block_size, device=block_ids.device)
+        return (block_ids.reshape(-1, 1) * self.block_size + offsets).reshape(-1)
+
+    def num_blocks(self, kv_cache: torch.Tensor) -> int:
+        """Number of ``block_size`` blocks ``kv_cache`` holds."""
+        return kv_cache.shape[0] * self.kernel_block_size // self.block_size
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
+            f"head_size={self.head_size}, kernel_block_size={self.kernel_block_size})"
+        )
+
+    # ---------------------------------------------------------------- helpers
+
+    @abstractmethod
+    def _gather_kernel_blocks(self, kv_cache: torch.Tensor, kb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @abstractmethod
+    def _scatter_kernel_blocks(
+        self, kv_cache: torch.Tensor, kb: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None: ...
+
+    def _check(self, kv_cache: torch.Tensor) -> None:
+        expected = (self.num_kv_heads, self.kernel_block_size, 2 * self.head_size)
+        if kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != expected:
+            raise ValueError(
+                f"{type(self).__name__} expects a [num_blocks, {expected[0]}, {expected[1]}, "
+                f"{expected[2]}] KV cache (num_kv_heads, block_size, 2 * head_size); got "
+                f"{tuple(kv_cache.shape)}"
+            )
+        if kv_cache.dtype not in _KV_DTYPES:
+            raise NotImplementedError(
+                f"KV cache dtype {kv_cache.dtype} is not supported (quantized KV caches are not); "
+                f"use one of {[str(d) for d in _KV_DTYPES]}"
+            )
+
+    def _slots(self, slots: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True).reshape(-1)
+
+    def _split_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kernel block, offset) of each slot."""
+        return torch.div(slots, self.kernel_block_size, rounding_mode="floor"), slots % self.kernel_block_size
+
+    def _kernel_blocks(self, block_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        block_ids = torch.as_tensor(block_ids, dtype=torch.long).to(device, non_blocking=True).reshape(-1)
+        ratio = self.block_size // self.kernel_block_size
+        if ratio == 1:
+            return block_ids
+        return (block_ids.reshape(-1, 1) * ratio + torch.arange(ratio, device=device)).reshape(-1)
+
+    def _empty(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        return kv_cache.new_empty((0, self.num_kv_heads, self.head_size))
+
+    def _prepare_kv(
+        self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (n, self.num_kv_heads, self.head_size)
+        if tuple(k.shape) != shape or tuple(v.shape) != shape:
+            raise ValueError(f"k and v must be {list(shape)}; got {list(k.shape)} and {list(v.shape)}")
+        k = k.to(device=kv_cache.device, dtype=kv_cache.dtype, non_blocking=True)
+        v = v.to(device=kv_cache.device, dtype=kv_cache.dtype, non_blocking=True)
+        return k, v
+
+
+class FlashKVLayout(KVLayout):
+    """vLLM ``FLASH_ATTN``: logical ``[num_blocks, H, block_size, 2 * D]``, K = ``[..., :D]``,
+    V = ``[..., D:]``, any stride order (see the module docstring). Pure tensor indexing, so it
+    runs on CUDA and CPU tensors alike."""
+
+    backend_name = "FLASH_ATTN"
+
+    def gather(self, kv_cache, slots):
+        self._check(kv_cache)
+        b, o = self._split_slots(self._slots(slots, kv_cache.device))
+        d = self.head_size
+        # Advanced indices on dims 0 and 2 around a slice: the result is [n, H, D].
+        return kv_cache[b, :, o, :d], kv_cache[b, :, o, d:]
+
+    def scatter(self, kv_cache, slots, k, v):
+        self._check(kv_cache)
+        b, o = self._split_slots(self._slots(slots, kv_cache.device))
+        k, v = self._prepare_kv(kv_cache, k, v, b.numel())
+        if b.numel() == 0:
+            return
+        d = self.head_size
+        kv_cache[b, :, o, :d] = k
+        kv_cache[b, :, o, d:] = v
+
+    def _gather_kernel_blocks(self, kv_cache, kb):
+        t = torch.arange(self.kernel_block_size, device=kv_cache.device)
+        b, o = kb.reshape(-1, 1), t.reshape(1, -1)
+        d = self.head_size
+        k = kv_cache[b, :, o, :d]  # [blocks, kernel_block_size, H, D]
+        v = kv_cache[b, :, o, d:]
+        return k.reshape(-1, self.num_kv_heads, d), v.reshape(-1, self.num_kv_heads, d)
+
+    def _scatter_kernel_blocks(self, kv_cache, kb, k, v):
+        t = torch.arange(self.kernel_block_size, device=kv_cache.device)
+        b, o = kb.reshape(-1, 1), t.reshape(1, -1)
+        d, shape = self.head_size, (kb.numel(), self.kernel_block_size, self.num_kv_heads, self.head_size)
+        kv_cache[b, :, o, :d] = k.reshape(shape)
+        kv_cache[b, :, o, d:] = v.reshape(shape)
+
+
+class CpuKVLayout(KVLayout):
+    """vLLM ``CPU_ATTN`` with the ``vec``/``vec16`` ISAs: per ``(block, head)``, K transposed
+    ``[D, block_size]`` then V ``[block_size, D]`` (see the module docstring).
+
+    ``isa`` is the one vLLM's CPU attention uses for this layer (``layer.isa``, chosen by
+    ``cpu_attn._get_attn_isa``); ``None`` asks vLLM for it from ``dtype`` (or, when ``dtype`` is
+    ``None`` too, from the cache's dtype on first use), falling back to ``vec``/``vec16`` when
+    vLLM is not importable. ``amx`` is refused: it packs K and V into VNNI tiles.
+
+    ``scatter`` goes through ``vllm._custom_ops.cpu_attn_reshape_and_cache`` (the op vLLM itself
+    writes the cache with; faster than tensor indexing) when it is importable and
+    ``use_vllm_op`` is not False; otherwise, and for ``gather``, plain tensor indexing.
+    """
+
+    backend_name = "CPU_ATTN"
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        kernel_block_size: int | None = None,
+        isa: str | None = None,
+        dtype: torch.dtype | None = None,
+        use_vllm_op: bool | None = None,
+    ) -> None:
+        super().__init__(block_size, num_kv_heads, head_size, kernel_block_size=kernel_block_size)
+        self.use_vllm_op = use_vllm_op
+        self.isa: str | None = None
+        if isa is None and dtype is not None:
+            isa = _vllm_cpu_isa(dtype, self.kernel_block_size, head_size)
+        if isa is not None:
+            self._set_isa(isa)
+
+    def _set_isa(self, isa: str) -> None:
+        if isa == "amx":
+            raise NotImplementedError(
+                "vLLM's CPU attention with the 'amx' ISA (chosen for bfloat16 on CPUs with AMX "
+                "when block_size % 32 == 0) stores K and V packed in VNNI tiles, not the "
+                "[D, block_size] / [block_size, D] layout CpuKVLayout reads and writes. Run the "
+                "model in float32 or float16 (which select the 'vec' ISA) to use the connector."
+            )
+        if isa not in _TRANSPOSED_K_ISAS:
+            raise NotImplementedError(
+                f"vLLM CPU attention ISA {isa!r} is not supported by CpuKVLayout (only "
+                f"{list(_TRANSPOSED_K_ISAS)}, whose cache layout has been verified)"
+            )
+        self.isa = isa
+
+    def _resolve_isa(self, kv_cache: torch.Tensor) -> str:
+        if self.isa is None:
+            self._set_isa(_vllm_cpu_isa(kv_cache.dtype, self.kernel_block_size, self.head_size))
+        return self.isa  # type: ignore[return-value]
+
+    def _check(self, kv_cache: torch.Tensor) -> None:
+        super()._check(kv_cache)
+        if not kv_cache.is_contiguous():
+            raise ValueError(
+                "CPU_ATTN KV cache must be contiguous per layer (KVCacheLayout LBHNC); got strides "
+                f"{kv_cache.stride()}"
+            )
+        self._resolve_isa(kv_cache)
+
+    def _views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kt[b, h, d, t] = K[t, d]`` and ``vv[b, h, t, d] = V[t, d]``, views of ``kv_cache``."""
+        nb, h, bs, d = kv_cache.shape[0], self.num_kv_heads, self.kernel_block_size, self.head_size
+        page = kv_cache.view(nb, h, 2 * bs * d)
+        return page[..., : bs * d].view(nb, h, d, bs), page[..., bs * d :].view(nb, h, bs, d)
+
+    def gather(self, kv_cache, slots):
+        self._check(kv_cache)
+        b, o = self._split_slots(self._slots(slots, kv_cache.device))
+        kt, vv = self._views(kv_cache)
+        # Advanced indices on dims 0 and 3 (K) / 0 and 2 (V) around slices: both [n, H, D].
+        return kt[b, :, :, o], vv[b, :, o, :]
+
+    def scatter(self, kv_cache, slots, k, v):
+        self._check(kv_cache)
+        slots = self._slots(slots, kv_cache.device)
+        k, v = self._prepare_kv(kv_cache, k, v, slots.numel())
+        if slots.numel() == 0:
+            return
+        op = self._op() if self.use_vllm_op is not False else None
+        if op is not None:
+            nb, h, bs, _ = kv_cache.shape
+            # Exactly how CPUAttentionBackendImpl.do_kv_cache_update calls it.
+            key_cache, value_cache = kv_cache.view(nb, h, 2 * bs, self.head_size).chunk(2, dim=2)
+            op(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, self.isa)
+            return
+        if self.use_vllm_op:
+            raise RuntimeError("use_vllm_op=True but vLLM's cpu_attn_reshape_and_cache is not available")
+        b, o = self._split_slots(slots)
+        kt, vv = self._views(kv_cache)
+        kt[b, :, :, o] = k
+        vv[b, :, o, :] = v
+
+    def _gather_kernel_blocks(self, kv_cache, kb):
+        kt, vv = self._views(kv_cache)
+        b = kb.reshape(-1, 1)
+        t = torch.arange(self.kernel_block_size, device=kv_cache.device).reshape(1, -1)
+        h, d = self.num_kv_heads, self.head_size
+        # One gather straight into [blocks, block_size, H, D] (measured faster than copying whole
+        # pages and then transposing them).
+        return kt[b, :, :, t].reshape(-1, h, d), vv[b, :, t, :].reshape(-1, h, d)
+
+    def _scatter_kernel_blocks(self, kv_cache, kb, k, v):
+        kt, vv = self._views(kv_cache)
+        shape = (kb.numel(), self.kernel_block_size, self.num_kv_heads, self.head_size)
+        # Whole pages at once; measured faster than the op or a per-token index_put for float32.
+        kt[kb] = k.reshape(shape).permute(0, 2, 3, 1)
+        vv[kb] = v.reshape(shape).transpose(1, 2)
+
+    @staticmethod
+    def _op():
+        return _vllm_cpu_reshape_and_cache()
+
+
+@functools.cache
+def _vllm_cpu_reshape_and_cache():
+    """vLLM's CPU cache-write op, or None when this vLLM build has none."""
+    try:
+        from vllm import _custom_ops as ops
+
+        if not hasattr(torch.ops._C, "cpu_attn_reshape_and_cache"):
+            return None
+        return ops.cpu_attn_reshape_and_cache
+    except Exception:  # noqa: BLE001 - no vLLM, or a build without the CPU ops
+        return None
+
+
+def _vllm_cpu_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
+    """The ISA vLLM's CPU attention picks for this geometry (``cpu_attn._get_attn_isa``)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except Exception:  # noqa: BLE001 - no vLLM CPU backend: assume the generic kernels
+        return "vec" if block_size % 32 == 0 and head_size % 32 == 0 else "vec16"
+    return _get_attn_isa(dtype, block_size, head_size)
+
+
+_LAYOUTS: dict[str, type[KVLayout]] = {
+    CpuKVLayout.backend_name: CpuKVLayout,
+    FlashKVLayout.backend_name: FlashKVLayout,
+}
+SUPPORTED_BACKENDS = tuple(_LAYOUTS)
+
+
+def layout_for(
+    kv_cache: torch.Tensor,
+    backend_name: str,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    **kwargs,
+) -> KVLayout:
+    """The layout for one layer's ``kv_cache`` (as handed to ``register_kv_caches``) of the
+    attention backend named ``backend_name`` (``AttentionBackend.get_name()``, e.g. ``"CPU_ATTN"``
+    or ``"FLASH_ATTN"``). ``block_size`` is the KV manager's block size; the kernel block size is
+    read from the tensor. Extra keyword arguments go to the layout (e.g. ``isa=`` for CPU)."""
+    cls = _LAYOUTS.get(str(backend_name).upper())
+    if cls is None:
+        raise NotImplementedError(
+            f"attention backend {backend_name!r} is not supported by the KV layout adapter; "
+            f"supported: {', '.join(SUPPORTED_BACKENDS)}"
+        )
+    if kv_cache.dim() != 4:
+        raise ValueError(
+            f"{backend_name} KV cache must be a 4-D [num_blocks, num_kv_heads, block_size, "
+            f"2 * head_size] tensor; got shape {tuple(kv_cache.shape)}"
+        )
+    if cls is CpuKVLayout:
+        kwargs.setdefault("dtype", kv_cache.dtype)
+    layout = cls(block_size, num_kv_heads, head_size, kernel_block_size=kv_cache.shape[2], **kwargs)
+    layout._check(kv_cache)
+    return layout

@@ -1,0 +1,53 @@
+"""Model classes that run Blend's forward when the connector has chunk KV loaded this step.
+
+They subclass vLLM's own classes and change nothing else: without a Blend step (no chunk hit,
+no connector, Blend not configured) they call the parent's forward, compiled graphs included.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+from ucm.integration.vllm.blend_forward import blend_forward
+
+
+def current_blend_step():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    take = getattr(get_kv_transfer_group(), "take_blend_step", None)
+    return take() if take is not None else None
+
+
+class BlendMixin:
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        step = current_blend_step()
+        if step is None or intermediate_tensors is not None:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        with torch.inference_mode():
+            return blend_forward(self.model, step, input_ids, positions, inputs_embeds)
+
+
+class BlendLlamaForCausalLM(BlendMixin, LlamaForCausalLM):
+    pass
+
+
+class BlendQwen2ForCausalLM(BlendMixin, Qwen2ForCausalLM):
+    pass
+
+
+class BlendQwen3ForCausalLM(BlendMixin, Qwen3ForCausalLM):
+    pass
+
+
+# vLLM architecture name -> our class ("module:Class" for ModelRegistry.register_model).
+OVERRIDES = {
+    "LlamaForCausalLM": "ucm.integration.vllm.models:BlendLlamaForCausalLM",
+    "MistralForCausalLM": "ucm.integration.vllm.models:BlendLlamaForCausalLM",
+    "Qwen2ForCausalLM": "ucm.integration.vllm.models:BlendQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "ucm.integration.vllm.models:BlendQwen3ForCausalLM",
+}

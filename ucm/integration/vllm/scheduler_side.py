@@ -1,0 +1,247 @@
+"""Scheduler half of the UCM connector: lookup, load plan, dump plan, prefix-cache hygiene.
+
+One lookup serves both caches: vLLM's local prefix cache has already matched the leading blocks;
+the store is asked for the next exact prefix blocks (reported to vLLM as external tokens, which
+it does not recompute), then for every chunk block behind them (loaded under tokens that ARE
+scheduled, so the Blend forward can check and repair them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ucm.integration.vllm.metadata import BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
+from ucm.sparse.blend.hashing import BlockHasher
+from ucm.sparse.blend.plan import BlendPlan, build_plan
+from ucm.store.keys import KeyKind, store_key
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+    from ucm.config import UCMConfig
+    from ucm.store.base import KVStoreBase
+
+logger = logging.getLogger(__name__)
+
+# Per-request key in SamplingParams(extra_args={"kv_transfer_params": {...}}): chunk lengths in
+# tokens, for users who mark chunks without a sentinel token.
+CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
+# Per-request opt-out of chunk reuse (the request is still prefix-cached and offloaded).
+DISABLE_BLEND_PARAM = "ucm_disable_blend"
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    prompt_len: int
+    plan: BlendPlan | None
+    exact_stored: list[bool]  # per full prompt block: exact KV already in the store
+    exact_limit: int  # prompt tokens before this have exact KV once computed
+    block_ids: list[int] = field(default_factory=list)
+    num_external: int = 0
+    blend_this_step: bool = False
+    dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
+    dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
+
+
+class SchedulerSide:
+    def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
+                 max_num_batched_tokens: int):
+        self.config = config
+        self.blend = config.sparse
+        self.store = store
+        self.namespace = namespace
+        self.block_size = block_size
+        self.hash_algo = hash_algo
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._hasher: BlockHasher | None = None
+        self._states: dict[str, _RequestState] = {}
+        self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting
+
+    @property
+    def hasher(self) -> BlockHasher:
+        # vLLM initialises NONE_HASH when the engine core starts, after connectors may be built;
+        # take it from vLLM itself so chunk hashes share the prefix cache's hash space exactly.
+        if self._hasher is None:
+            from vllm.v1.core import kv_cache_utils
+
+            self._hasher = BlockHasher(self.hash_algo, self.block_size, kv_cache_utils.NONE_HASH)
+        return self._hasher
+
+    def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
+        return store_key(self.namespace, kind, block_hash)
+
+    def lookup(self, kind: KeyKind, hashes) -> list[bool]:
+        if not hashes:
+            return []
+        return self.store.lookup([self.key(kind, h) for h in hashes])
+
+    # ---- chunk layout -------------------------------------------------------------------
+
+    def chunk_layout(self, request: Request) -> ChunkLayout | None:
+        params = request.kv_transfer_params or {}
+        if self.blend is None or params.get(DISABLE_BLEND_PARAM):
+            return None
+        tokens = request.prompt_token_ids or []
+        lengths = params.get(CHUNK_LENGTHS_PARAM)
+        if lengths is not None:
+            try:
+                return split_by_lengths(len(tokens), lengths)
+            except ValueError as exc:
+                logger.warning("request %s: ignoring %s (%s); computing it normally",
+                               request.request_id, CHUNK_LENGTHS_PARAM, exc)
+                return None
+        if self.blend.chunk_end_token_id is None:
+            return None
+        layout = split_by_marker(tokens, self.blend.chunk_end_token_id)
+        return layout if layout.chunks else None
+
+    # ---- vLLM connector API (scheduler role) -------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        tokens = request.prompt_token_ids
+        if not tokens or request.num_computed_tokens > 0 or request.num_tokens > len(tokens):
+            return 0, False  # resumed / preempted requests: vLLM's own cache handles them
+        bs = self.block_size
+        prompt_len = len(tokens)
+        num_full = prompt_len // bs
+        hashes = self._original_hashes(request)[:num_full]
+        exact_stored = self.lookup(KeyKind.EXACT, hashes)
+        first = num_computed_tokens // bs
+        hits = 0
+        while first + hits < num_full and exact_stored[first + hits]:
+            hits += 1
+        external = hits * bs
+        if num_computed_tokens + external >= prompt_len:  # vLLM must compute at least one token
+            external = max(0, prompt_len - 1 - num_computed_tokens) // bs * bs
+        prefix_tokens = num_computed_tokens + external
+
+        plan = None
+        layout = self.chunk_layout(request)
+        if layout is not None:
+            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup)
+        first_approx = plan.first_approximate_token if plan is not None else None
+        exact_limit = prompt_len if first_approx is None else first_approx
+        if first_approx is not None:
+            self._salt_hashes(request, first_approx // bs)
+        self._states[request.request_id] = _RequestState(request, prompt_len, plan, exact_stored, exact_limit)
+        return external, False
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
+        state = self._states.get(request.request_id)
+        if state is None:
+            return
+        state.block_ids = list(blocks.get_block_ids()[0])
+        state.num_external = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
+        meta = UCMConnectorMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._states.get(new.req_id)
+            if state is None:
+                continue
+            state.block_ids = list(new.block_ids[0])
+            step = self._new_request_step(state, new.num_computed_tokens,
+                                          scheduler_output.num_scheduled_tokens[new.req_id])
+            if step is not None:
+                meta.requests.append(step)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._states.get(req_id)
+            if state is None:
+                continue
+            if cached.new_block_ids[i] is not None:
+                state.block_ids.extend(cached.new_block_ids[i][0])
+            step = self._dump_step(state, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[req_id])
+            if step is not None:
+                meta.requests.append(step)
+        if any(r.prefix_loads or r.chunk_loads for r in meta.requests):
+            # Loads must land before this step's forward (vLLM then calls start_load_kv first).
+            scheduler_output.has_sync_kv_loads = True
+        return meta
+
+    def request_finished(self, request: Request) -> None:
+        self._states.pop(request.request_id, None)
+        self._originals.pop(request.request_id, None)
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _new_request_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
+        bs = self.block_size
+        step = RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled)
+        local = num_computed - state.num_external
+        for b in range(local // bs, num_computed // bs):
+            step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, self._original_hashes(state.request)[b]), b * bs, bs))
+        plan = state.plan
+        if plan is not None and plan.loaded:
+            whole = num_computed + num_scheduled >= state.prompt_len
+            if whole and plan.prefix_tokens == num_computed:
+                state.blend_this_step = True
+                for blk in plan.loaded:
+                    step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
+                                                      len(blk.tokens), blk.chunk_start, blk.skip))
+            else:
+                logger.info("request %s: prompt not scheduled in one step (%d of %d tokens); computing it in "
+                            "full instead of blending", state.request.request_id, num_scheduled,
+                            state.prompt_len - num_computed)
+                state.exact_limit = state.prompt_len  # computed in full: exact after all
+        step.dumps = self._dumps(state, num_computed + num_scheduled)
+        return step if (step.prefix_loads or step.chunk_loads or step.dumps) else None
+
+    def _dump_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
+        dumps = self._dumps(state, num_computed + num_scheduled)
+        if not dumps:
+            return None
+        return RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled, dumps=dumps)
+
+    def _dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:
+        """Blocks whose KV is complete after this step and not yet stored."""
+        bs = self.block_size
+        dumps: list[BlockDump] = []
+        end = min(computed_end, state.exact_limit, state.prompt_len)
+        hashes = self._original_hashes(state.request)
+        for b in range(end // bs):
+            if b in state.dumped_blocks or b >= len(state.exact_stored):
+                continue
+            state.dumped_blocks.add(b)
+            if not state.exact_stored[b]:
+                dumps.append(BlockDump(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
+        plan = state.plan
+        if plan is None:
+            return dumps
+        for i, blk in enumerate(plan.blocks):
+            if blk.hit or i in state.dumped_chunk_blocks or blk.tokens.end > min(computed_end, state.prompt_len):
+                continue
+            state.dumped_chunk_blocks.add(i)
+            exact = blk.chunk_start == 0 and blk.tokens.end <= state.exact_limit
+            if exact and len(blk.tokens) == bs:
+                continue  # a full exact block at the prompt start is the prefix dump above
+            kind = KeyKind.EXACT if exact else KeyKind.CHUNK
+            dumps.append(BlockDump(self.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
+        return dumps
+
+    def _original_hashes(self, request: Request) -> list[bytes]:
+        """The request's exact-prefix hashes, also after its tail was salted."""
+        original = self._originals.get(request.request_id)
+        return original if original is not None else list(request.block_hashes)
+
+    def _salt_hashes(self, request: Request, from_block: int) -> None:
+        """Give blocks holding blended (approximate) KV hashes no other request can match.
+
+        vLLM registers a request's full blocks in its prefix cache under `request.block_hashes`
+        when it allocates them; approximate KV must never be served as an exact prefix, so the
+        hashes from the first approximate block on are replaced by request-unique ones (blocks
+        appended later chain from them and are unique too).
+        """
+        if request.request_id in self._originals:
+            return
+        original = list(request.block_hashes)
+        self._originals[request.request_id] = original
+        salt = b"ucm-blend-approx" + request.request_id.encode()
+        for i in range(from_block, len(original)):
+            request.block_hashes[i] = hashlib.sha256(salt + original[i]).digest()[: len(original[i])]

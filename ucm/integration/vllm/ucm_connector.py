@@ -1,0 +1,146 @@
+"""UCMConnector: vLLM's public KV connector API in front of a UCM store, with Blend chunk reuse.
+
+Use it by module path (`kv_connector="UCMConnector"`,
+`kv_connector_module_path="ucm.integration.vllm.ucm_connector"`) or, once the package is
+installed, by name alone: the `vllm.general_plugins` entry point registers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from ucm.config import BlendConfig, UCMConfig
+from ucm.integration.vllm.metadata import UCMConnectorMetadata
+from ucm.integration.vllm.scheduler_side import SchedulerSide
+from ucm.integration.vllm.worker_side import BlendStep, WorkerSide
+from ucm.store.factory import create_store
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+# Architectures whose forward ucm.integration.vllm.models can blend.
+BLEND_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def store_namespace(vllm_config: VllmConfig) -> bytes:
+    """Identity of the KV bytes: same model weights, dtype and geometry -> same namespace.
+
+    vLLM's block hashes cover tokens only, so without this two models sharing a store directory
+    would read each other's KV. The model is named by its directory's last component (paths
+    differ between machines of one deployment) plus its architecture and shape.
+    """
+    mc = vllm_config.model_config
+    hf = mc.hf_text_config
+    cache = vllm_config.cache_config
+    parts = [
+        "ucm-blend/v1",
+        str(mc.served_model_name or mc.model).rstrip("/").split("/")[-1],
+        ",".join(getattr(mc.hf_config, "architectures", None) or []),
+        f"L{hf.num_hidden_layers}", f"H{mc.get_total_num_kv_heads()}", f"D{mc.get_head_size()}",
+        f"V{getattr(hf, 'vocab_size', 0)}", str(mc.dtype), f"kv:{cache.cache_dtype}",
+        f"bs{cache.block_size}", f"hash:{cache.prefix_caching_hash_algo}",
+    ]
+    return "|".join(parts).encode()
+
+
+def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
+    mc = vllm_config.model_config
+    archs = getattr(mc.hf_config, "architectures", None) or []
+    if not any(a in BLEND_ARCHITECTURES for a in archs):
+        raise ValueError(f"ucm_sparse_config.Blend does not support model architecture {archs} of {mc.model}; "
+                         f"supported: {', '.join(BLEND_ARCHITECTURES)}")
+    hf = mc.hf_text_config
+    blend.validate_for_model(hf.num_hidden_layers, hf.vocab_size)
+
+
+class UCMConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.ucm_config = UCMConfig.from_extra_config(extra)
+        if len(self.ucm_config.stores) > 1:
+            logger.warning("ucm_connectors lists %d stores; only the first (%s) is used",
+                           len(self.ucm_config.stores), self.ucm_config.stores[0].name)
+        blend = self.ucm_config.sparse
+        if blend is not None:
+            validate_blend_model(blend, vllm_config)
+        spec = self.ucm_config.stores[0]
+        self.store = create_store(spec.name, spec.config)
+        cache = vllm_config.cache_config
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(
+                self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
+                cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
+        else:
+            self._worker = WorkerSide(vllm_config, self.store,
+                                      blend.check_layer if blend else None, blend.ratio if blend else 0.0)
+        logger.info("UCMConnector (%s): store %s %s, blend %s", role.name, spec.name, spec.config, blend)
+
+    # ---- worker role ---------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, UCMConnectorMetadata)
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are synchronous and finish in start_load_kv, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # whole blocks are gathered after the forward, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, UCMConnectorMetadata)
+        self._worker.wait_for_save(meta)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors() if self._worker else set()
+
+    def take_blend_step(self) -> BlendStep | None:
+        """For the Blend model forward of this step (worker process)."""
+        return self._worker.take_blend_step() if self._worker else None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        self.store.close()
+
+    # ---- scheduler role ------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        self._scheduler.request_finished(request)
+        return False, None

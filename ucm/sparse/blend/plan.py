@@ -1,0 +1,97 @@
+"""Lookup plan of one request: exact prefix first, then chunk blocks at any position.
+
+The plan is engine-agnostic: it takes the chunk layout, the block hasher and a lookup function
+and says which stored blocks to load where. Tokens before `prefix_tokens` are exact prefix hits
+(vLLM's own cache or the store); every chunk block after that is looked up under its chunk hash
+(exact KV preferred, then chunk KV), block by block, so a missing block in the middle of a chunk
+costs only that block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ucm.sparse.blend.chunking import ChunkLayout, Span
+from ucm.sparse.blend.hashing import BlockHasher
+from ucm.store.keys import KeyKind
+
+# (kind, block hashes) -> hit per hash
+LookupFn = Callable[[KeyKind, Sequence[bytes]], list[bool]]
+
+
+@dataclass(frozen=True)
+class ChunkBlock:
+    """One stored block of a chunk, placed in the prompt.
+
+    `tokens` is where the block's tokens sit in the prompt; the block's first token sits at
+    chunk-local position `tokens.start - chunk_start`, so its K must be rotated by `chunk_start`.
+    `skip` leading tokens are already covered by the exact prefix and are not written.
+    """
+
+    block_hash: bytes
+    chunk_start: int
+    tokens: Span
+    kind: KeyKind | None  # where it was found; None: a miss, computed in this request
+    skip: int = 0
+
+    @property
+    def hit(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def placed(self) -> Span:
+        return Span(self.tokens.start + self.skip, self.tokens.end)
+
+
+@dataclass(frozen=True)
+class BlendPlan:
+    num_tokens: int
+    prefix_tokens: int
+    layout: ChunkLayout
+    blocks: tuple[ChunkBlock, ...]
+
+    @property
+    def loaded(self) -> tuple[ChunkBlock, ...]:
+        return tuple(b for b in self.blocks if b.hit and len(b.placed) > 0)
+
+    @property
+    def missed(self) -> tuple[ChunkBlock, ...]:
+        return tuple(b for b in self.blocks if not b.hit)
+
+    @property
+    def first_approximate_token(self) -> int | None:
+        """From here on the request's KV is approximate (loaded, or computed after loaded KV)."""
+        starts = [b.placed.start for b in self.loaded]
+        return min(starts) if starts else None
+
+    @property
+    def num_loaded_tokens(self) -> int:
+        return sum(len(b.placed) for b in self.loaded)
+
+
+def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher) -> list[tuple[bytes, int, Span]]:
+    """(hash, chunk start, prompt span) of every block of every chunk, partial tails included."""
+    out = []
+    bs = hasher.block_size
+    for chunk in layout.chunks:
+        hashes = hasher.chunk_hashes(token_ids[chunk.start:chunk.end])
+        for i, h in enumerate(hashes):
+            start = chunk.start + i * bs
+            out.append((h, chunk.start, Span(start, min(start + bs, chunk.end))))
+    return out
+
+
+def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher, prefix_tokens: int,
+               lookup: LookupFn) -> BlendPlan:
+    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV."""
+    candidates = [(h, c, s) for h, c, s in chunk_blocks(layout, token_ids, hasher) if s.end > prefix_tokens]
+    hashes = [h for h, _, _ in candidates]
+    exact = lookup(KeyKind.EXACT, hashes) if hashes else []
+    need_chunk = [h for h, hit in zip(hashes, exact) if not hit]
+    chunk_hits = dict(zip(need_chunk, lookup(KeyKind.CHUNK, need_chunk))) if need_chunk else {}
+    blocks = []
+    for (h, chunk_start, span), is_exact in zip(candidates, exact):
+        kind = KeyKind.EXACT if is_exact else (KeyKind.CHUNK if chunk_hits.get(h) else None)
+        blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start)))
+    return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks))

@@ -1,0 +1,135 @@
+"""The interface every KV block store implements, and the value types it returns.
+
+A store maps fixed-size key digests to opaque byte blocks. It must never hand back wrong
+bytes: anything that cannot be verified is reported as a per-key failure (False), not raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64
+
+# Anything exposing a C-contiguous buffer: numpy array, bytearray, memoryview, tensor.numpy().
+Buffer = Any
+
+
+@dataclass
+class StoreStats:
+    """Counters since the store was opened (a snapshot; mutating it changes nothing).
+
+    load_errors / dump_errors count every key whose load / dump returned False;
+    checksum_errors counts the subset of load errors where a stored block was corrupt
+    (bad header, truncated, checksum mismatch).
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    load_blocks: int = 0
+    load_bytes: int = 0
+    load_seconds: float = 0.0
+    dump_blocks: int = 0
+    dump_bytes: int = 0
+    dump_seconds: float = 0.0
+    load_errors: int = 0
+    dump_errors: int = 0
+    checksum_errors: int = 0
+    evictions: int = 0
+    dram_hits: int = 0  # loads served by the DRAM tier (included in load_blocks)
+    dump_skipped: int = 0  # dumps of blocks that were already stored (included in dump_blocks)
+
+    def copy(self) -> StoreStats:
+        return dataclasses.replace(self)
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """What a stored block says about itself, without reading the payload."""
+
+    payload_len: int
+    token_count: int
+
+
+@dataclass(eq=False)
+class Task:
+    """Handle of an asynchronous load or dump; pass it to `wait` / `check` of its store."""
+
+    kind: str  # "load" or "dump"
+    keys: list[bytes]
+    # Store-private state. `results` is set by the first `wait` (later waits return it again).
+    results: list[bool] | None = None
+    native_id: int | None = None  # the native engine's task
+    native_indices: list[int] = field(default_factory=list)  # positions of its keys in `keys`
+    served_from_dram: set[int] = field(default_factory=set)  # positions finished at submit time
+    context: Any = None
+
+
+class KVStoreBase(ABC):
+    """Shared KV block store. Thread-safe; loads and dumps are asynchronous."""
+
+    @abstractmethod
+    def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored; answers every key (a miss does not cut later hits)."""
+
+    @abstractmethod
+    def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:
+        """Start copying blocks into destinations (one buffer per key, exactly the block length).
+
+        Destinations must stay alive and untouched until `wait`. Where `wait` reports False the
+        destination's contents are unspecified (it may be partly overwritten): recompute it.
+        """
+
+    @abstractmethod
+    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
+        """Start storing blocks. Sources must stay unmodified until `wait` returns."""
+
+    @abstractmethod
+    def wait(self, task: Task) -> list[bool]:
+        """Block until the task is done; per key: load -> verified bytes are in the destination,
+        dump -> the block is stored (now or already before)."""
+
+    @abstractmethod
+    def check(self, task: Task) -> bool:
+        """Whether the task is finished, without blocking."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats:
+        """Snapshot of the counters."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish in-flight work and release resources; idempotent."""
+
+    def __enter__(self) -> KVStoreBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def validate_keys(keys: Sequence[bytes]) -> list[bytes]:
+    """Keys are digests of MIN..MAX_KEY_BYTES bytes; anything else is a caller bug."""
+    out = list(keys)
+    for i, key in enumerate(out):
+        if not isinstance(key, bytes) or not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+            raise ValueError(
+                f"key {i} must be bytes of {MIN_KEY_BYTES}..{MAX_KEY_BYTES} length, "
+                f"got {type(key).__name__} of length {len(key) if hasattr(key, '__len__') else '?'}"
+            )
+    return out
+
+
+def byte_view(buf: Buffer, writable: bool = False) -> memoryview:
+    """Flat byte view of a C-contiguous buffer (the form copies and hashes use)."""
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise ValueError("buffer must be C-contiguous")
+    if writable and view.readonly:
+        raise ValueError("destination buffer is read-only")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

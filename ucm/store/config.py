@@ -1,0 +1,112 @@
+"""Typed configuration of UcmNfsStore, parsed from the user's `ucm_connector_config` dict."""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class NfsStoreConfig:
+    """Settings of the shared file store.
+
+    All instances sharing a directory must list `storage_backends` in the same order: a key's
+    backend is chosen by its hash modulo their number.
+
+    `fsync` is off by default: a block is complete for other readers once renamed (close-to-open
+    on NFS), and only a machine crash can lose it, which costs a recomputation, never wrong
+    bytes (the checksum rejects a torn file).
+    """
+
+    storage_backends: tuple[str, ...]
+    capacity_gb: float | None = None  # None: unlimited
+    io_direct: bool = False
+    io_threads: int = 4
+    dram_capacity_gb: float = 0.0  # 0: no DRAM tier
+    fsync: bool = False
+    # Temp files of writers on other hosts (whose pids we cannot check) older than this are
+    # removed when a store opens the directory.
+    temp_grace_s: float = 600.0
+    # How often a capacity-limited store rescans the directories to see other writers' usage.
+    usage_rescan_s: float = 60.0
+    # A read refreshes a block's mtime (the cross-process LRU clock) at most this often.
+    touch_interval_s: float = 60.0
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return None if self.capacity_gb is None else int(self.capacity_gb * GB)
+
+    @property
+    def dram_capacity_bytes(self) -> int:
+        return int(self.dram_capacity_gb * GB)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NfsStoreConfig:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"store config must be a dict, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            msg = f"unknown UcmNfsStore config keys ignored: {', '.join(unknown)}"
+            warnings.warn(msg, stacklevel=2)
+            logger.warning(msg)
+        if "storage_backends" not in d:
+            raise ValueError("storage_backends is required (a directory, or several separated by ':')")
+        capacity = _number(d, "capacity_gb", None, minimum=0.0)
+        return cls(
+            storage_backends=_backends(d["storage_backends"]),
+            capacity_gb=capacity or None,
+            io_direct=_bool(d, "io_direct", False),
+            io_threads=_int(d, "io_threads", 4, minimum=1, maximum=256),
+            dram_capacity_gb=_number(d, "dram_capacity_gb", 0.0, minimum=0.0) or 0.0,
+            fsync=_bool(d, "fsync", False),
+            temp_grace_s=_number(d, "temp_grace_s", 600.0, minimum=0.0),
+            usage_rescan_s=_number(d, "usage_rescan_s", 60.0, minimum=0.0),
+            touch_interval_s=_number(d, "touch_interval_s", 60.0, minimum=0.0),
+        )
+
+
+def _backends(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        parts = value.split(":")
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        parts = list(value)
+    else:
+        raise ValueError(f"storage_backends must be a str or a list of str, got {value!r}")
+    parts = [p.strip() for p in parts]
+    if not parts or any(not p for p in parts):
+        raise ValueError(f"storage_backends has an empty directory: {value!r}")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"storage_backends lists a directory twice: {value!r}")
+    return tuple(parts)
+
+
+def _bool(d: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _int(d: Mapping[str, Any], key: str, default: int, minimum: int, maximum: int) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValueError(f"{key} must be an integer in {minimum}..{maximum}, got {value!r}")
+    return value
+
+
+def _number(d: Mapping[str, Any], key: str, default: float | None, minimum: float) -> float | None:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{key} must be a number >= {minimum}, got {value!r}")
+    return float(value)

@@ -1,0 +1,101 @@
+"""Background directory scans of the file store.
+
+A scan removes temp files left by crashed writers and, for a capacity-limited store, refreshes
+the usage it tracks (other processes' writes and evictions). It runs off the caller's path
+because walking a large NFS tree takes seconds to minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from ucm.store.capacity import CapacityLimiter
+from ucm.store.layout import BlockLayout, ScannedFile, TempOwner
+
+logger = logging.getLogger(__name__)
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale_temp(owner: TempOwner, mtime: float, now: float, host: str, grace_s: float) -> bool:
+    """A temp file is abandoned if its writer (same host) is dead, or it is older than the grace.
+
+    The age rule also covers reused pids and other hosts; removing the temp file of a writer
+    that is merely slow only makes that writer's dump report False.
+    """
+    if now - mtime > grace_s:
+        return True
+    return owner.host == host and not pid_alive(owner.pid)
+
+
+class Housekeeper:
+    def __init__(self, layout: BlockLayout, limiter: CapacityLimiter | None, temp_grace_s: float, rescan_s: float):
+        self._layout = layout
+        self._limiter = limiter
+        self._temp_grace_s = temp_grace_s
+        self._rescan_s = rescan_s
+        self._scan_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.first_scan_done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ucm-store-housekeeping", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def scan_once(self) -> int:
+        """One full scan; returns how many abandoned temp files were removed."""
+        with self._scan_lock:
+            now = time.time()
+            removed = 0
+            blocks: list[ScannedFile] = []
+            for f, owner in self._layout.scan():
+                if self._stop.is_set():
+                    return removed
+                if owner is None:
+                    blocks.append(f)
+                elif is_stale_temp(owner, f.mtime, now, self._layout.host, self._temp_grace_s):
+                    try:
+                        os.unlink(f.path)
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:
+                        logger.warning("cannot remove abandoned temp file %s: %s", f.path, e)
+            if removed:
+                logger.info("removed %d abandoned temp files under %s", removed, ", ".join(self._layout.backends))
+            if self._limiter is not None:
+                self._limiter.reset_from_scan(blocks, scan_started=now)
+            return removed
+
+    def _run(self) -> None:
+        try:
+            self.scan_once()
+        except Exception:  # a failed scan must not take the store down
+            logger.exception("store directory scan failed")
+        finally:
+            self.first_scan_done.set()
+        if self._limiter is None or self._rescan_s <= 0:
+            return
+        while not self._stop.wait(self._rescan_s):
+            try:
+                self.scan_once()
+            except Exception:
+                logger.exception("store directory rescan failed")

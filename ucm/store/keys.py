@@ -1,0 +1,28 @@
+"""Store keys: fixed-size digests of (namespace, kind, block hash).
+
+Block hashes of vLLM's prefix cache do not name the model, so the namespace (an opaque string
+the caller derives from model, dtype and KV geometry) keeps KV of different models apart in one
+shared directory. The kind keeps exact prefix KV apart from chunk KV that was computed in
+another context: a prefix lookup only ever accepts EXACT keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import Enum
+
+KEY_BYTES = 32
+
+
+class KeyKind(bytes, Enum):
+    EXACT = b"x"  # KV computed with exactly the prefix the block hash chains over
+    CHUNK = b"c"  # KV of a chunk computed after other text, stored at chunk-local positions
+
+
+def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    h.update(len(namespace).to_bytes(4, "little"))
+    h.update(namespace)
+    h.update(kind.value)
+    h.update(block_hash)
+    return h.digest()

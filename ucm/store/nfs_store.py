@@ -1,0 +1,320 @@
+"""UcmNfsStore: KV blocks shared by many processes and machines through one directory tree.
+
+Python decides paths, eviction and stats; the native engine (csrc/store_io.cpp) moves and
+verifies the bytes on its own threads. Guarantees:
+  * a block becomes visible only complete (temp file in the same directory + rename);
+  * a load reports True only for bytes whose length, key and XXH64 matched the header;
+  * every per-key failure is a False in `wait` plus a counter in `stats`, never an exception.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byte_view, validate_keys
+from ucm.store.block_format import CORRUPT_STATUSES, IoStatus, file_size, read_header
+from ucm.store.capacity import CapacityLimiter
+from ucm.store.config import NfsStoreConfig
+from ucm.store.dram_store import DramStore
+from ucm.store.housekeeping import Housekeeper
+from ucm.store.layout import BlockLayout
+
+try:
+    from ucm.store import _native
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "ucm.store._native is not built; run `pip install -e .` or `python setup.py build_ext --inplace`"
+    ) from e
+
+logger = logging.getLogger(__name__)
+
+
+class UcmNfsStore(KVStoreBase):
+    def __init__(self, config: NfsStoreConfig | Mapping[str, Any]):
+        self.config = config if isinstance(config, NfsStoreConfig) else NfsStoreConfig.from_dict(config)
+        cfg = self.config
+        self._layout = BlockLayout(cfg.storage_backends)
+        for backend in self._layout.backends:
+            _prepare_backend(backend)
+        self._limiter = CapacityLimiter(cfg.capacity_bytes) if cfg.capacity_bytes else None
+        self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
+        self._engine = _native.IoEngine(cfg.io_threads, cfg.io_direct, cfg.fsync, cfg.touch_interval_s)
+        self._stats = StoreStats()
+        self._lock = threading.Lock()
+        self._logged: set[tuple[str, int, int]] = set()
+        self._direct_fallback_logged = False
+        self._closed = False
+        self._pid = os.getpid()
+        self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
+        self._housekeeper.start()
+
+    # -- KVStoreBase ---------------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        keys = validate_keys(keys)
+        self._check_open()
+        found = [False] * len(keys)
+        if self._dram is not None:
+            found = [self._dram.contains(k) for k in keys]
+        todo = [i for i, f in enumerate(found) if not f]
+        on_disk = self._engine.exists([self._layout.block_path(keys[i]) for i in todo])
+        for i, hit in zip(todo, on_disk):
+            found[i] = hit
+        hits = sum(found)
+        with self._lock:
+            self._stats.lookups += len(keys)
+            self._stats.hits += hits
+            self._stats.misses += len(keys) - hits
+        return found
+
+    def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:
+        keys = validate_keys(keys)
+        self._check_open()
+        if len(destinations) != len(keys):
+            raise ValueError(f"load: {len(keys)} keys but {len(destinations)} destinations")
+        views = [_view(d, i, "destination", writable=True) for i, d in enumerate(destinations)]
+        t0 = time.perf_counter()
+        task = Task("load", keys)
+        if self._dram is not None:
+            for i, (key, view) in enumerate(zip(keys, views)):
+                if self._dram.get_into(key, view):
+                    task.served_from_dram.add(i)
+        task.native_indices = [i for i in range(len(keys)) if i not in task.served_from_dram]
+        paths = [self._layout.block_path(keys[i]) for i in task.native_indices]
+        task.native_id = self._engine.submit_read(
+            [keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices]
+        )
+        task.context = _LoadContext(paths, views, time.perf_counter() - t0)
+        return task
+
+    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
+        keys = validate_keys(keys)
+        self._check_open()
+        if not len(keys) == len(sources) == len(token_counts):
+            raise ValueError(f"dump: {len(keys)} keys, {len(sources)} sources, {len(token_counts)} token_counts")
+        views = [_view(s, i, "source", writable=False) for i, s in enumerate(sources)]
+        tokens = [int(t) for t in token_counts]
+        if any(t < 0 for t in tokens):
+            raise ValueError("dump: token_counts must be >= 0")
+        if self._dram is not None:
+            for key, view, t in zip(keys, views, tokens):
+                self._dram.put(key, view, t)
+        paths = [self._layout.block_path(k) for k in keys]
+        reserved = sum(file_size(len(v)) for v in views)
+        if self._limiter is not None:
+            evicted = self._limiter.reserve(reserved)
+            if evicted:
+                with self._lock:
+                    self._stats.evictions += evicted
+        task = Task("dump", keys, native_indices=list(range(len(keys))))
+        try:
+            task.native_id = self._engine.submit_write(
+                keys, [self._layout.temp_path(k) for k in keys], paths, views, tokens
+            )
+        except BaseException:
+            if self._limiter is not None:
+                self._limiter.release(reserved)
+            raise
+        task.context = _DumpContext(paths, [len(v) for v in views], reserved)
+        return task
+
+    def wait(self, task: Task) -> list[bool]:
+        if task.results is not None:
+            return list(task.results)
+        statuses, errnos, tokens, seconds = self._engine.wait(task.native_id)
+        if task.kind == "load":
+            results = self._finish_load(task, statuses, errnos, tokens, seconds)
+        else:
+            results = self._finish_dump(task, statuses, errnos, seconds)
+        self._log_direct_fallback()
+        task.results = results
+        return list(results)
+
+    def check(self, task: Task) -> bool:
+        return task.results is not None or self._engine.poll(task.native_id)
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return self._stats.copy()
+
+    def close(self) -> None:
+        """Lets queued dumps finish, stops the background scan; un-waited tasks are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._housekeeper.stop()
+        self._engine.close()
+        if self._dram is not None:
+            self._dram.close()
+
+    # -- extras --------------------------------------------------------------------------
+    def read_meta(self, keys: Sequence[bytes]) -> list[BlockMeta | None]:
+        """Payload length and token count of stored blocks (None where absent or unreadable)."""
+        out: list[BlockMeta | None] = []
+        for key in validate_keys(keys):
+            meta = self._dram.meta(key) if self._dram is not None else None
+            if meta is None:
+                try:
+                    header = read_header(self._layout.block_path(key))
+                    if header.key == key:
+                        meta = BlockMeta(header.payload_len, header.token_count)
+                except (OSError, ValueError):
+                    pass
+            out.append(meta)
+        return out
+
+    def block_path(self, key: bytes) -> str:
+        return self._layout.block_path(key)
+
+    def wait_open_scan(self, timeout: float | None = None) -> bool:
+        """Wait for the scan started at open (abandoned temp files removed, usage known)."""
+        return self._housekeeper.first_scan_done.wait(timeout)
+
+    def rescan(self) -> int:
+        """Scan the directories now (usage + abandoned temp files); returns temp files removed."""
+        return self._housekeeper.scan_once()
+
+    @property
+    def used_bytes(self) -> int | None:
+        """Bytes of block files as this process believes them (None without a capacity limit)."""
+        return None if self._limiter is None else self._limiter.used_bytes
+
+    # -- internals -----------------------------------------------------------------------
+    def _finish_load(
+        self, task: Task, statuses: list[int], errnos: list[int], tokens: list[int], seconds: float
+    ) -> list[bool]:
+        ctx: _LoadContext = task.context
+        results = [False] * len(task.keys)
+        for i in task.served_from_dram:
+            results[i] = True
+        ok_bytes = sum(len(ctx.views[i]) for i in task.served_from_dram)
+        corrupt = 0
+        for j, (i, status, err) in enumerate(zip(task.native_indices, statuses, errnos)):
+            path = ctx.paths[j]
+            if status == IoStatus.OK:
+                results[i] = True
+                ok_bytes += len(ctx.views[i])
+                if self._limiter is not None:
+                    self._limiter.touch(path)
+                if self._dram is not None:
+                    self._dram.put(task.keys[i], ctx.views[i], tokens[j])
+            elif status in CORRUPT_STATUSES:
+                corrupt += 1
+                self._remove_corrupt(path, IoStatus(status))
+            elif status != IoStatus.NOT_FOUND:
+                self._log_once("load", status, err, path)
+        ok = sum(results)
+        with self._lock:
+            s = self._stats
+            s.load_blocks += ok
+            s.dram_hits += len(task.served_from_dram)
+            s.load_bytes += ok_bytes
+            s.load_seconds += seconds + ctx.submit_seconds
+            s.load_errors += len(results) - ok
+            s.checksum_errors += corrupt
+        return results
+
+    def _finish_dump(self, task: Task, statuses: list[int], errnos: list[int], seconds: float) -> list[bool]:
+        ctx: _DumpContext = task.context
+        if self._limiter is not None:
+            self._limiter.release(ctx.reserved)
+        results = [False] * len(task.keys)
+        written = skipped = written_bytes = 0
+        for i, (status, err) in enumerate(zip(statuses, errnos)):
+            path = ctx.paths[i]
+            if status in (IoStatus.OK, IoStatus.EXISTS):
+                results[i] = True
+                if status == IoStatus.OK:
+                    written += 1
+                    written_bytes += ctx.sizes[i]
+                else:
+                    skipped += 1
+                if self._limiter is not None:
+                    self._limiter.add(path, file_size(ctx.sizes[i]))
+            else:
+                self._log_once("dump", status, err, path)
+        with self._lock:
+            s = self._stats
+            s.dump_blocks += written + skipped
+            s.dump_skipped += skipped
+            s.dump_bytes += written_bytes
+            s.dump_seconds += seconds
+            s.dump_errors += len(results) - written - skipped
+        return results
+
+    def _remove_corrupt(self, path: str, status: IoStatus) -> None:
+        """A corrupt block would answer every lookup and fail every load; drop it to be recomputed."""
+        logger.warning("corrupt block %s (%s); removing it", path, status.name)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        if self._limiter is not None:
+            self._limiter.forget(path)
+
+    def _log_once(self, op: str, status: int, err: int, path: str) -> None:
+        """One warning per (operation, status, errno): a full disk must not flood the log."""
+        tag = (op, int(status), int(err))
+        if tag in self._logged:
+            return
+        self._logged.add(tag)
+        reason = os.strerror(err) if err else IoStatus(status).name
+        logger.warning(
+            "%s failed for %s: %s (%s); further %s failures of this kind are only counted in stats()",
+            op, path, reason, errno_mod.errorcode.get(err, IoStatus(status).name), op,
+        )
+
+    def _log_direct_fallback(self) -> None:
+        if self.config.io_direct and not self._direct_fallback_logged and _native.direct_io_fallbacks() > 0:
+            self._direct_fallback_logged = True
+            logger.warning("O_DIRECT refused by the filesystem under %s; using buffered IO", self._layout.backends)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("UcmNfsStore is closed")
+        if os.getpid() != self._pid:
+            # A forked child inherits the engine without its threads: every wait would hang.
+            raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
+
+
+class _LoadContext:
+    __slots__ = ("paths", "views", "submit_seconds")
+
+    def __init__(self, paths: list[str], views: list[memoryview], submit_seconds: float):
+        self.paths = paths
+        self.views = views
+        self.submit_seconds = submit_seconds
+
+
+class _DumpContext:
+    __slots__ = ("paths", "sizes", "reserved")
+
+    def __init__(self, paths: list[str], sizes: list[int], reserved: int):
+        self.paths = paths
+        self.sizes = sizes
+        self.reserved = reserved
+
+
+def _view(buf: Buffer, i: int, what: str, writable: bool) -> memoryview:
+    try:
+        return byte_view(buf, writable=writable)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} {i}: {e}") from e
+
+
+def _prepare_backend(directory: str) -> None:
+    """Create the backend and prove it is writable, so a bad mount fails at startup, not per dump."""
+    probe = os.path.join(directory, f".probe~{os.getpid()}~{secrets.token_hex(4)}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"ucm")
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"storage_backends: directory {directory!r} cannot be created or written: {e}") from e

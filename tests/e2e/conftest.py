@@ -1,4 +1,8 @@
-"""End-to-end tests start real vLLM engines (about 40 s each on 2 cores): all marked slow."""
+"""End-to-end tests start real vLLM engines (about 40 s each on 2 cores): all marked slow.
+
+Engines are session-scoped and shared: one plain engine (the reference: full prefill, vLLM's
+own prefix cache) and one engine with the UCM connector and Blend on a shared store directory.
+"""
 
 import gc
 
@@ -9,6 +13,25 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
+
+
+def shutdown(llm) -> None:
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    gc.collect()
+
+
+def ucm_transfer_config(store_dir, blend_ratio=None, chunk_end_token_id=2):
+    from vllm.config import KVTransferConfig
+
+    extra = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
+                                 "ucm_connector_config": {"storage_backends": str(store_dir)}}]}
+    if blend_ratio is not None:
+        extra["ucm_sparse_config"] = {"Blend": {
+            "chunk_end_token_id": chunk_end_token_id,
+            "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": blend_ratio}}}}
+    return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 
 @pytest.fixture
@@ -25,8 +48,27 @@ def engine_factory():
 
     yield make
     for llm in engines:
-        core = getattr(llm.llm_engine, "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
-    engines.clear()
-    gc.collect()
+        shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def plain_llm(model_dir):
+    from ucm.integration.vllm.llm import make_llm
+
+    llm = make_llm(str(model_dir))
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ucm-store")
+
+
+@pytest.fixture(scope="session")
+def blend_llm(model_dir, store_dir):
+    from ucm.integration.vllm.llm import make_llm
+
+    llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15))
+    yield llm
+    shutdown(llm)

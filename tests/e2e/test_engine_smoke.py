@@ -3,7 +3,7 @@
 from vllm import SamplingParams
 
 
-def test_greedy_capital_of_france(model_dir, engine_factory):
-    llm = engine_factory(model_dir)
-    out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+def test_greedy_capital_of_france(plain_llm):
+    out = plain_llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0.0),
+                             use_tqdm=False)
     assert "Paris" in out[0].outputs[0].text

@@ -10,12 +10,16 @@ whole KV through pseudo-requests (see sparse_attention.py).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ucm.integration.vllm.sparse_attention import subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
 from ucm.sparse.blend.runs import pseudo_request_metadata
+
+logger = logging.getLogger(__name__)
 
 
 def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
@@ -49,11 +53,15 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     deviation = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     deviation[loaded] = token_deviation(fresh_k, step.check_k[row[loaded]])
     all_reduce = tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
-    hkvd = select_hkvd(deviation, loaded, segment, step.ratio, all_reduce=all_reduce, num_segments=num_reqs)
+    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=hidden.device)
+    ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
+    hkvd = select_hkvd(deviation, loaded, segment, ratios, all_reduce=all_reduce, num_segments=num_reqs)
     compute = ~loaded | hkvd
     compute[qsl[1:] - 1] = True  # every request's last token feeds the sampler
 
     pseudo = pseudo_request_metadata(compute, segment, positions[:n].long())
+    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n,
+                 step.check_layer, pseudo.num_runs)
     idx = pseudo.token_indices
     attn_layer = fc.no_compile_layers[layer_names[0]]
     sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(fc.slot_mapping[layer_names[0]].dtype),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,12 @@ logger = logging.getLogger(__name__)
 CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
 # Per-request opt-out of chunk reuse (the request is still prefix-cached and offloaded).
 DISABLE_BLEND_PARAM = "ucm_disable_blend"
+# Per-request HKVD ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
+RATIO_PARAM = "ucm_blend_ratio"
+# Key of the per-request report in RequestOutput.kv_transfer_params.
+REPORT_KEY = "ucm"
+# How long a submitted dump counts as stored before the store itself confirms it.
+INFLIGHT_SECONDS = 30.0
 
 
 @dataclass
@@ -45,6 +52,8 @@ class _RequestState:
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
     blend_this_step: bool = False
+    ratio: float | None = None
+    num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
 
@@ -62,6 +71,7 @@ class SchedulerSide:
         self._hasher: BlockHasher | None = None
         self._states: dict[str, _RequestState] = {}
         self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting
+        self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
 
     @property
     def hasher(self) -> BlockHasher:
@@ -77,9 +87,18 @@ class SchedulerSide:
         return store_key(self.namespace, kind, block_hash)
 
     def lookup(self, kind: KeyKind, hashes) -> list[bool]:
+        """Stored, or dumped by this engine moments ago (the worker finishes dumps before loads)."""
         if not hashes:
             return []
-        return self.store.lookup([self.key(kind, h) for h in hashes])
+        keys = [self.key(kind, h) for h in hashes]
+        found = self.store.lookup(keys)
+        if self._inflight:
+            now = time.monotonic()
+            for key, t in list(self._inflight.items()):
+                if now - t > INFLIGHT_SECONDS:
+                    del self._inflight[key]
+            found = [f or k in self._inflight for f, k in zip(found, keys)]
+        return found
 
     # ---- chunk layout -------------------------------------------------------------------
 
@@ -165,9 +184,23 @@ class SchedulerSide:
             scheduler_output.has_sync_kv_loads = True
         return meta
 
-    def request_finished(self, request: Request) -> None:
-        self._states.pop(request.request_id, None)
+    def request_finished(self, request: Request) -> dict | None:
+        """Drop the request's state; return what the cache did for it (RequestOutput.kv_transfer_params)."""
+        state = self._states.pop(request.request_id, None)
         self._originals.pop(request.request_id, None)
+        if state is None:
+            return None
+        plan = state.plan
+        return {REPORT_KEY: {
+            "prompt_tokens": state.prompt_len,
+            "external_prefix_tokens": state.num_external,
+            "chunk_blocks": len(plan.blocks) if plan else 0,
+            "chunk_hit_blocks": len(plan.loaded) if plan else 0,
+            "chunk_hit_tokens": plan.num_loaded_tokens if plan else 0,
+            "blended": state.blend_this_step,
+            "ratio": state.ratio,
+            "dumped_blocks": state.num_dumped,
+        }}
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -182,6 +215,7 @@ class SchedulerSide:
             whole = num_computed + num_scheduled >= state.prompt_len
             if whole and plan.prefix_tokens == num_computed:
                 state.blend_this_step = True
+                step.ratio = state.ratio = self._ratio(state.request)
                 for blk in plan.loaded:
                     step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
                                                       len(blk.tokens), blk.chunk_start, blk.skip))
@@ -193,6 +227,14 @@ class SchedulerSide:
         step.dumps = self._dumps(state, num_computed + num_scheduled)
         return step if (step.prefix_loads or step.chunk_loads or step.dumps) else None
 
+    def _ratio(self, request: Request) -> float:
+        ratio = (request.kv_transfer_params or {}).get(RATIO_PARAM, self.blend.ratio)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+            logger.warning("request %s: %s must be a number in [0, 1], got %r; using %s",
+                           request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
+            return self.blend.ratio
+        return float(ratio)
+
     def _dump_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)
         if not dumps:
@@ -200,6 +242,14 @@ class SchedulerSide:
         return RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled, dumps=dumps)
 
     def _dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:
+        dumps = self._new_dumps(state, computed_end)
+        state.num_dumped += len(dumps)
+        now = time.monotonic()
+        for d in dumps:
+            self._inflight[d.key] = now
+        return dumps
+
+    def _new_dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:
         """Blocks whose KV is complete after this step and not yet stored."""
         bs = self.block_size
         dumps: list[BlockDump] = []

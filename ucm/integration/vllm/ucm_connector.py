@@ -82,12 +82,16 @@ class UCMConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            # The store is a cache: a block that cannot be loaded is recomputed, never an error.
+            # The scheduler reads this right after creating the connector.
+            if vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute":
+                logger.info("UCMConnector sets kv_load_failure_policy='recompute': a store miss is recomputed")
+                vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
         else:
-            self._worker = WorkerSide(vllm_config, self.store,
-                                      blend.check_layer if blend else None, blend.ratio if blend else 0.0)
+            self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
         logger.info("UCMConnector (%s): store %s %s, blend %s", role.name, spec.name, spec.config, blend)
 
     # ---- worker role ---------------------------------------------------------------------
@@ -142,5 +146,4 @@ class UCMConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
-        self._scheduler.request_finished(request)
-        return False, None
+        return False, self._scheduler.request_finished(request)

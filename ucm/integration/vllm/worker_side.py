@@ -1,8 +1,9 @@
 """Worker half of the UCM connector: moves KV between vLLM's paged cache and the store.
 
-Stored blocks are layout-free: `[num_layers, 2 (K, V), num_tokens, num_kv_heads, head_size]` in
-the KV cache dtype, K at the block's own positions (chunk-local for chunk KV), so one store serves
-engines with different attention backends and a chunk can be placed at any offset.
+Stored blocks are layout-free and token-major: `[num_tokens, num_layers, 2 (K, V), num_kv_heads,
+head_size]` in the KV cache dtype, K at the block's own positions (chunk-local for chunk KV), so
+one store serves engines with different attention backends, a chunk can be placed at any offset,
+and the chunk blocks of a step load back to back into one staging tensor.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class BlendStep:
 
     loaded_slots: torch.Tensor  # [n] slots whose KV (layers after the check layer) was loaded
     check_k: torch.Tensor  # [n, kv_heads, head_size] loaded, shifted K of the check layer
+    ratios: torch.Tensor  # [n] float32: HKVD ratio of the request each loaded slot belongs to
     check_layer: int
-    ratio: float
     layout: KVLayout
     check_cache: torch.Tensor  # the check layer's paged KV cache, holding fresh K after that layer ran
 
@@ -60,11 +61,10 @@ class _PendingDump:
 
 
 class WorkerSide:
-    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, ratio: float):
+    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None):
         self.vllm_config = vllm_config
         self.store = store
         self.check_layer = check_layer
-        self.ratio = ratio
         self.block_size = vllm_config.cache_config.block_size
         self.layer_names: list[str] = []
         self.caches: list[torch.Tensor] = []
@@ -73,6 +73,7 @@ class WorkerSide:
         self._pending: list[_PendingDump] = []
         self._failed_block_ids: set[int] = set()
         self._blend_step: BlendStep | None = None
+        self._staging_buf: torch.Tensor | None = None
         self._cos_sin, self._is_neox, self._rotary_dim = self._build_rope(vllm_config)
 
     # ---- set-up --------------------------------------------------------------------------
@@ -109,70 +110,109 @@ class WorkerSide:
 
     def block_tensor(self, num_tokens: int) -> torch.Tensor:
         L, two, H, D = self._token_shape
-        return torch.empty((L, two, num_tokens, H, D), dtype=self._dtype, device="cpu")
+        return torch.empty((num_tokens, L, two, H, D), dtype=self._dtype, device="cpu")
+
+    def _staging(self, num_tokens: int) -> torch.Tensor:
+        """A reused [tokens, layers, 2, H, D] buffer: fresh large allocations cost page faults."""
+        if self._staging_buf is None or self._staging_buf.shape[0] < num_tokens:
+            self._staging_buf = self.block_tensor(max(num_tokens, 2 * self.block_size))
+        return self._staging_buf[:num_tokens]
 
     # ---- loads ---------------------------------------------------------------------------
 
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
         self._reap_dumps(block=False)
-        loads = [(req, ld, False) for req in meta.requests for ld in req.prefix_loads]
-        loads += [(req, ld, True) for req in meta.requests for ld in req.chunk_loads]
-        if not loads:
+        prefix = [(req, ld) for req in meta.requests for ld in req.prefix_loads]
+        chunks = [(req, ld) for req in meta.requests for ld in req.chunk_loads]
+        if not prefix and not chunks:
             return
         start = time.perf_counter()
-        buffers = [self.block_tensor(ld.num_tokens) for _, ld, _ in loads]
-        task = self.store.load([ld.key for _, ld, _ in loads], [_bytes_view(b) for b in buffers])
-        ok = self.store.wait(task)
-        check_slots, check_k = [], []
-        for (req, ld, is_chunk), buf, good in zip(loads, buffers, ok):
-            if not good:
-                self.stats.blocks_failed += 1
-                if not is_chunk:  # vLLM recomputes blocks reported here; chunk tokens are computed anyway
-                    self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
-                continue
-            slots = self._slots(req, ld.start + ld.skip, ld.num_tokens - ld.skip)
-            if is_chunk:
-                self.stats.chunk_blocks_loaded += 1
-                self.stats.chunk_tokens_loaded += len(slots)
-                check_slots.append(slots)
-                check_k.append(self._place_chunk(buf[:, :, ld.skip:], slots, ld.rope_delta))
-            else:
+        self._reap_dumps(block=True)  # the scheduler counts this engine's recent dumps as stored
+        # Chunk blocks land back to back in the staging tensor (a block partly covered by the
+        # exact prefix goes through its own buffer and is trimmed); prefix blocks get their own.
+        staging = self._staging(sum(ld.num_tokens - ld.skip for _, ld in chunks))
+        destinations, offset = [], 0
+        for _, ld in chunks:
+            n = ld.num_tokens - ld.skip
+            destinations.append(staging[offset:offset + n] if ld.skip == 0 else self.block_tensor(ld.num_tokens))
+            offset += n
+        destinations += [self.block_tensor(ld.num_tokens) for _, ld in prefix]
+        keys = [ld.key for _, ld in chunks] + [ld.key for _, ld in prefix]
+        ok = self.store.wait(self.store.load(keys, [_bytes_view(d) for d in destinations]))
+
+        for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
+            if good:
                 self.stats.prefix_blocks_loaded += 1
-                self._place_exact(buf, slots)
+                self._place_exact(buf, self._slots(req, ld.start, ld.num_tokens))
+            else:  # vLLM recomputes the blocks reported by get_block_ids_with_load_errors
+                self.stats.blocks_failed += 1
+                self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
+
+        rows, slots, deltas, ratios, offset = [], [], [], [], 0
+        for (req, ld), buf, good in zip(chunks, destinations, ok):
+            n = ld.num_tokens - ld.skip
+            if good:  # a failed chunk block is simply not loaded: its tokens are computed
+                if ld.skip:
+                    staging[offset:offset + n] = buf[ld.skip:]
+                rows.append(torch.arange(offset, offset + n))
+                slots.append(self._slots(req, ld.start + ld.skip, n))
+                deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
+                ratios.append(torch.full((n,), req.ratio, dtype=torch.float32))
+                self.stats.chunk_blocks_loaded += 1
+                self.stats.chunk_tokens_loaded += n
+            else:
+                self.stats.blocks_failed += 1
+            offset += n
+        if rows:
+            loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
+            slot_t = torch.cat(slots).to(self._device)
+            check_k = self._place_chunks(loaded, slot_t, torch.cat(deltas))
+            self._blend_step = BlendStep(slot_t, check_k, torch.cat(ratios).to(self._device), self.check_layer,
+                                         self.layout, self.caches[self.check_layer])
         self.stats.load_seconds += time.perf_counter() - start
-        if check_slots:
-            self._blend_step = BlendStep(torch.cat(check_slots).to(self._device), torch.cat(check_k),
-                                         self.check_layer, self.ratio, self.layout,
-                                         self.caches[self.check_layer])
+        logger.debug("loaded %d blocks in %.3fs", len(keys), time.perf_counter() - start)
 
     def _place_exact(self, block: torch.Tensor, slots: torch.Tensor) -> None:
         assert self.layout is not None
         slots = slots.to(self._device)
         for layer, cache in enumerate(self.caches):
-            self.layout.scatter(cache, slots, block[layer, 0].to(self._device), block[layer, 1].to(self._device))
+            self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
-    def _place_chunk(self, block: torch.Tensor, slots: torch.Tensor, rope_delta: int) -> torch.Tensor:
+    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Write the layers after the check layer, K shifted; return the check layer's shifted K.
 
-        The forward recomputes every layer up to the check layer for all scheduled tokens, so
-        only later layers need loaded KV; the check layer's K is kept aside for the deviation
-        test because the forward overwrites it in the cache.
+        `kv` is [tokens, layers, 2, H, D]. The forward recomputes every layer up to the check
+        layer for all scheduled tokens, so only later layers need loaded KV; the check layer's
+        K is kept aside for the deviation test because the forward overwrites it in the cache.
+        All layers are shifted in one rotation, then scattered once per layer.
         """
         assert self.layout is not None and self.check_layer is not None
-        slots = slots.to(self._device)
-        delta = torch.full((slots.shape[0],), rope_delta, dtype=torch.long)
-        check_k = None
-        for layer in range(self.check_layer, len(self.caches)):
-            k = block[layer, 0]
-            if rope_delta:
-                k = rotate_keys(k, delta, self._cos_sin, self._is_neox, self._rotary_dim)
-            k = k.to(self._device)
-            if layer == self.check_layer:
-                check_k = k
-                continue
-            self.layout.scatter(self.caches[layer], slots, k, block[layer, 1].to(self._device))
-        return check_k
+        k = self._shift_keys(kv[:, self.check_layer:, 0], delta)  # [tokens, layers - check, H, D]
+        for i, layer in enumerate(range(self.check_layer + 1, len(self.caches)), start=1):
+            self.layout.scatter(self.caches[layer], slots, k[:, i].to(self._device), kv[:, layer, 1].to(self._device))
+        return k[:, 0].to(self._device)
+
+    def _shift_keys(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, as a new tensor.
+
+        Loads only shift forward (delta >= 0), which vLLM's fused in-place rotary kernel does for
+        all layers in one pass (layers act as extra heads); other cases use rotate_keys.
+        """
+        num_tokens, num_layers, heads, head_size = k.shape
+        flat = k.contiguous() if not k.is_contiguous() else k.clone()
+        fused = (flat.device.type == "cpu" and flat.dtype == self._cos_sin.dtype and num_tokens > 0
+                 and self._rotary_dim == head_size and int(delta.min()) >= 0)
+        if fused:
+            from vllm import _custom_ops as ops
+
+            dummy_query = torch.empty((num_tokens, head_size), dtype=flat.dtype)
+            ops.rotary_embedding(delta, dummy_query, flat.view(num_tokens, -1), head_size, self._cos_sin,
+                                 self._is_neox)
+            return flat
+        rotated = rotate_keys(flat.view(num_tokens, num_layers * heads, head_size), delta, self._cos_sin,
+                              self._is_neox, self._rotary_dim)
+        return rotated.view(num_tokens, num_layers, heads, head_size)
 
     def take_blend_step(self) -> BlendStep | None:
         step, self._blend_step = self._blend_step, None
@@ -198,13 +238,11 @@ class WorkerSide:
         assert self.layout is not None
         slots = self._slots(req, dump.start, dump.num_tokens).to(self._device)
         out = self.block_tensor(dump.num_tokens)
-        delta = torch.full((dump.num_tokens,), -dump.rope_delta, dtype=torch.long) if dump.rope_delta else None
         for layer, cache in enumerate(self.caches):
-            k, v = self.layout.gather(cache, slots)
-            if delta is not None:
-                k = rotate_keys(k, delta, self._cos_sin, self._is_neox, self._rotary_dim)
-            out[layer, 0].copy_(k)
-            out[layer, 1].copy_(v)
+            out[:, layer, 0], out[:, layer, 1] = self.layout.gather(cache, slots)
+        if dump.rope_delta:
+            delta = torch.full((dump.num_tokens,), -dump.rope_delta, dtype=torch.long)
+            out[:, :, 0] = self._shift_keys(out[:, :, 0], delta)
         return out
 
     def _reap_dumps(self, block: bool) -> None:

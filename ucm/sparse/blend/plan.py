@@ -61,8 +61,11 @@ class BlendPlan:
 
     @property
     def first_approximate_token(self) -> int | None:
-        """From here on the request's KV is approximate (loaded, or computed after loaded KV)."""
-        starts = [b.placed.start for b in self.loaded]
+        """From here on the request's KV is approximate (loaded, or computed after loaded KV).
+
+        Exact KV of a chunk that opens the prompt sits at its own positions: it is exact.
+        """
+        starts = [b.placed.start for b in self.loaded if not (b.kind is KeyKind.EXACT and b.chunk_start == 0)]
         return min(starts) if starts else None
 
     @property

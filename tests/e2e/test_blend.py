@@ -1,0 +1,153 @@
+"""Blend on the real vLLM engine (embedded model, float32) against full prefill.
+
+Every test uses its own generated passages, so the store and vLLM's prefix cache hold nothing
+for them before the test. The reference is a plain engine without the connector.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from vllm import SamplingParams
+
+from ucm.eval.datasets import generate_synthetic
+from ucm.eval.prompts import build_prompt
+
+LOGPROB_TOL = 1e-4
+MARKER = 2  # <|im_end|>
+# Every prompt opens with the same system-message chunk (one partial block), stored by whichever
+# test runs first; a prompt's own passages are new to the cache.
+SHARED_SYSTEM_BLOCKS = 1
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    logprobs: list[float]
+    report: dict
+
+
+def params(max_tokens=8, ratio=None, disable=False):
+    kv = {}
+    if ratio is not None:
+        kv["ucm_blend_ratio"] = ratio
+    if disable:
+        kv["ucm_disable_blend"] = True
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0,
+                          extra_args={"kv_transfer_params": kv} if kv else None)
+
+
+def result(out) -> Result:
+    comp = out.outputs[0]
+    lps = [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs)]
+    return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}))
+
+
+def run(llm, token_ids, cache_salt=None, **kw) -> Result:
+    prompt = {"prompt_token_ids": list(token_ids)}
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
+    return result(llm.generate([prompt], params(**kw), use_tqdm=False)[0])
+
+
+def assert_same(a: Result, b: Result, tol=LOGPROB_TOL):
+    assert a.tokens == b.tokens
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert math.isclose(x, y, abs_tol=tol), (a.logprobs, b.logprobs)
+
+
+def prompts(llm, seed, passages=4, words=200):
+    ex = generate_synthetic(num_examples=1, passages_per_example=passages, passage_words=words, seed=seed)[0]
+    tok = llm.get_tokenizer()
+    order = list(range(passages))
+    first = build_prompt(tok, ex, MARKER, order=order)
+    reordered = build_prompt(tok, ex, MARKER, order=order[::-1])
+    return first.token_ids, reordered.token_ids
+
+
+def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
+    a, b = prompts(blend_llm, seed=101)
+    first = run(blend_llm, a)
+    assert first.report["chunk_hit_blocks"] <= SHARED_SYSTEM_BLOCKS and first.report["dumped_blocks"] > 0
+    blended = run(blend_llm, b, ratio=1.0)
+    assert blended.report["blended"] and blended.report["chunk_hit_tokens"] > 0.8 * len(b) - 60
+    assert_same(blended, run(plain_llm, b))
+
+
+def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm):
+    """Reloading a prompt's own KV at its own positions is exact, so recomputing any scattered
+    30% of its tokens must reproduce full prefill: this checks the causal masking of the
+    scattered runs and the delta-RoPE round trip. A cache salt keeps vLLM's prefix cache out."""
+    a, _ = prompts(blend_llm, seed=102)
+    run(blend_llm, a)
+    again = run(blend_llm, a, cache_salt="fresh", ratio=0.3)
+    assert again.report["blended"] and again.report["chunk_hit_blocks"] > 0
+    assert_same(again, run(plain_llm, a), tol=2e-3)
+
+
+def test_full_reuse_differs_and_is_faster_path(blend_llm, plain_llm):
+    a, b = prompts(blend_llm, seed=103)
+    run(blend_llm, a)
+    reuse = run(blend_llm, b, ratio=0.0)
+    assert reuse.report["blended"]
+    full = run(plain_llm, b)
+    differs = reuse.tokens != full.tokens or any(
+        abs(x - y) > 1e-3 for x, y in zip(reuse.logprobs, full.logprobs))
+    assert differs, "full reuse (ratio 0) should not reproduce full prefill exactly"
+
+
+def test_reordered_chunks_hit_the_cache(blend_llm):
+    a, b = prompts(blend_llm, seed=104)
+    first = run(blend_llm, a)
+    second = run(blend_llm, b)
+    assert first.report["chunk_hit_blocks"] <= SHARED_SYSTEM_BLOCKS
+    assert second.report["chunk_hit_blocks"] == second.report["chunk_blocks"]  # every chunk block stored
+    assert second.report["ratio"] == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("case", ["no_marker", "shorter_than_block", "empty_chunks", "marker_last"])
+def test_edge_prompts_equal_blend_off(blend_llm, plain_llm, case):
+    tok = blend_llm.get_tokenizer()
+    text = tok.encode(f"Case {case}: a short note about the weather in Orvale, which was sunny.",
+                      add_special_tokens=False)
+    token_ids = {
+        "no_marker": text * 3,
+        "shorter_than_block": text[:20] + [MARKER] + text[:10],
+        "empty_chunks": text + [MARKER, MARKER, MARKER] + text,
+        "marker_last": text + [MARKER] + text + [MARKER],
+    }[case]
+    assert_same(run(blend_llm, token_ids), run(plain_llm, token_ids))
+
+
+def test_plain_request_after_blend_gets_exact_output(blend_llm, plain_llm):
+    """Blended blocks must never be served as exact prefix by vLLM's cache or the store."""
+    a, b = prompts(blend_llm, seed=105)
+    run(blend_llm, a)
+    assert run(blend_llm, b).report["blended"]
+    plain = run(blend_llm, b, disable=True)
+    assert not plain.report["blended"]
+    assert_same(plain, run(plain_llm, b))
+
+
+def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
+    """A step holding a blend prefill, a plain prefill and a decode gives each its own output."""
+    a, b = prompts(blend_llm, seed=106)
+    run(blend_llm, a)
+    other, _ = prompts(blend_llm, seed=107, passages=2, words=80)
+    decoding, _ = prompts(blend_llm, seed=108, passages=1, words=40)
+    engine = blend_llm.llm_engine
+    engine.add_request("decode", {"prompt_token_ids": decoding}, params(max_tokens=24, disable=True))
+    outputs = {}
+    engine.step()  # the decode request's prefill; from now on it decodes
+    engine.add_request("blend", {"prompt_token_ids": b}, params(ratio=1.0))
+    engine.add_request("plain", {"prompt_token_ids": other}, params(disable=True))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = result(out)
+    assert outputs["blend"].report["blended"]
+    assert_same(outputs["blend"], run(plain_llm, b))
+    assert_same(outputs["plain"], run(plain_llm, other))
+    assert_same(outputs["decode"], run(plain_llm, decoding, max_tokens=24))

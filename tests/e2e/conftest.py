@@ -5,8 +5,13 @@ own prefix cache) and one engine with the UCM connector and Blend on a shared st
 """
 
 import gc
+import sys
+from pathlib import Path
 
 import pytest
+
+# blend_helpers.py sits next to the tests; importlib import mode does not put this folder on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(items):

@@ -6,56 +6,16 @@ for them before the test. The reference is a plain engine without the connector.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
-from vllm import SamplingParams
+from blend_helpers import assert_same, params, result, run
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.eval.prompts import build_prompt
 
-LOGPROB_TOL = 1e-4
 MARKER = 2  # <|im_end|>
 # Every prompt opens with the same system-message chunk (one partial block), stored by whichever
 # test runs first; a prompt's own passages are new to the cache.
 SHARED_SYSTEM_BLOCKS = 1
-
-
-@dataclass
-class Result:
-    tokens: list[int]
-    logprobs: list[float]
-    report: dict
-
-
-def params(max_tokens=8, ratio=None, disable=False):
-    kv = {}
-    if ratio is not None:
-        kv["ucm_blend_ratio"] = ratio
-    if disable:
-        kv["ucm_disable_blend"] = True
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0,
-                          extra_args={"kv_transfer_params": kv} if kv else None)
-
-
-def result(out) -> Result:
-    comp = out.outputs[0]
-    lps = [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs)]
-    return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}))
-
-
-def run(llm, token_ids, cache_salt=None, **kw) -> Result:
-    prompt = {"prompt_token_ids": list(token_ids)}
-    if cache_salt:
-        prompt["cache_salt"] = cache_salt
-    return result(llm.generate([prompt], params(**kw), use_tqdm=False)[0])
-
-
-def assert_same(a: Result, b: Result, tol=LOGPROB_TOL):
-    assert a.tokens == b.tokens
-    for x, y in zip(a.logprobs, b.logprobs):
-        assert math.isclose(x, y, abs_tol=tol), (a.logprobs, b.logprobs)
 
 
 def prompts(llm, seed, passages=4, words=200):

@@ -1,0 +1,46 @@
+"""Request helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vllm import SamplingParams
+
+LOGPROB_TOL = 1e-4
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    logprobs: list[float]
+    report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
+
+
+def params(max_tokens=8, ratio=None, disable=False):
+    kv = {}
+    if ratio is not None:
+        kv["ucm_blend_ratio"] = ratio
+    if disable:
+        kv["ucm_disable_blend"] = True
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0,
+                          extra_args={"kv_transfer_params": kv} if kv else None)
+
+
+def result(out) -> Result:
+    comp = out.outputs[0]
+    lps = [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs)]
+    return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}))
+
+
+def run(llm, token_ids, cache_salt=None, **kw) -> Result:
+    prompt = {"prompt_token_ids": list(token_ids)}
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
+    return result(llm.generate([prompt], params(**kw), use_tqdm=False)[0])
+
+
+def assert_same(a: Result, b: Result, tol=LOGPROB_TOL):
+    assert a.tokens == b.tokens
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert math.isclose(x, y, abs_tol=tol), (a.logprobs, b.logprobs)

@@ -111,3 +111,24 @@ def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
     assert_same(outputs["blend"], run(plain_llm, b))
     assert_same(outputs["plain"], run(plain_llm, other))
     assert_same(outputs["decode"], run(plain_llm, decoding, max_tokens=24))
+
+
+def test_chunk_lengths_per_request_need_no_marker(blend_llm, plain_llm):
+    """Chunk boundaries given in kv_transfer_params: prompts without any marker token reuse chunks."""
+    tok = blend_llm.get_tokenizer()
+    ex = generate_synthetic(num_examples=1, passages_per_example=3, passage_words=200, seed=109)[0]
+    chunks = [tok.encode(p + "\n\n", add_special_tokens=False) for p in ex.passages]
+    question = tok.encode("Question: " + ex.question + "\nAnswer:", add_special_tokens=False)
+
+    def ask(order, **kw):
+        ids = [t for i in order for t in chunks[i]] + question
+        lengths = [len(chunks[i]) for i in order]
+        prompt = {"prompt_token_ids": ids}
+        sp = params(**kw)
+        sp.extra_args["kv_transfer_params"]["ucm_chunk_lengths"] = lengths
+        return result(blend_llm.generate([prompt], sp, use_tqdm=False)[0]), ids
+
+    ask([0, 1, 2], ratio=0.15)
+    blended, ids = ask([2, 0, 1], ratio=1.0)
+    assert blended.report["blended"] and blended.report["chunk_hit_blocks"] == blended.report["chunk_blocks"]
+    assert_same(blended, run(plain_llm, ids))

@@ -8,6 +8,7 @@ installed, by name alone: the `vllm.general_plugins` entry point registers it.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -79,6 +80,10 @@ class UCMConnector(KVConnectorBase_V1):
         spec = self.ucm_config.stores[0]
         self.store = create_store(spec.name, spec.config)
         cache = vllm_config.cache_config
+        if cache.prefix_caching_hash_algo.startswith("xxhash") and os.environ.get("PYTHONHASHSEED") is None:
+            logger.warning("prefix_caching_hash_algo=%s uses a random per-process seed unless PYTHONHASHSEED "
+                           "is set: stored KV will not be found by other engine processes",
+                           cache.prefix_caching_hash_algo)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:

@@ -22,6 +22,9 @@ from ucm.store.base import KVStoreBase, Task
 
 logger = logging.getLogger(__name__)
 
+# Attention backends whose metadata blend_forward can narrow to the selected tokens.
+BLEND_BACKENDS = ("CPU_ATTN",)
+
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -99,8 +102,12 @@ class WorkerSide:
         ctx = self.vllm_config.compilation_config.static_forward_context
         attn = ctx[names[0]]
         model_config = self.vllm_config.model_config
-        self.layout = layout_for(self.caches[0], attn.attn_backend.get_name(), self.block_size,
-                                 attn.num_kv_heads, attn.head_size)
+        backend = attn.attn_backend.get_name()
+        self.layout = layout_for(self.caches[0], backend, self.block_size, attn.num_kv_heads, attn.head_size)
+        if self.check_layer is not None and backend not in BLEND_BACKENDS:
+            raise ValueError(f"ucm_sparse_config.Blend: the sparse forward supports the attention backends "
+                             f"{BLEND_BACKENDS}; this engine uses {backend}. Remove Blend from the config to "
+                             "use the store for prefix offload only.")
         if self.check_layer is not None and not 0 <= self.check_layer < len(names):
             raise ValueError(f"Blend check layer {self.check_layer} does not exist: {model_config.model} has "
                              f"{len(names)} attention layers")

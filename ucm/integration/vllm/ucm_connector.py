@@ -21,6 +21,7 @@ from ucm.config import BlendConfig, UCMConfig
 from ucm.integration.vllm.metadata import UCMConnectorMetadata
 from ucm.integration.vllm.scheduler_side import SchedulerSide
 from ucm.integration.vllm.worker_side import BlendStep, WorkerSide
+from ucm.sparse.blend.rope import check_rope_supports_delta
 from ucm.store.factory import create_store
 
 if TYPE_CHECKING:
@@ -62,8 +63,12 @@ def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
     if not any(a in BLEND_ARCHITECTURES for a in archs):
         raise ValueError(f"ucm_sparse_config.Blend does not support model architecture {archs} of {mc.model}; "
                          f"supported: {', '.join(BLEND_ARCHITECTURES)}")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise ValueError("ucm_sparse_config.Blend does not support pipeline parallelism "
+                         f"(pipeline_parallel_size={vllm_config.parallel_config.pipeline_parallel_size})")
     hf = mc.hf_text_config
     blend.validate_for_model(hf.num_hidden_layers, hf.vocab_size)
+    check_rope_supports_delta(getattr(hf, "rope_parameters", None))
 
 
 class UCMConnector(KVConnectorBase_V1):
@@ -96,7 +101,11 @@ class UCMConnector(KVConnectorBase_V1):
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
         else:
-            self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
+            try:
+                self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
+            except Exception:
+                self.store.close()
+                raise
         logger.info("UCMConnector (%s): store %s %s, blend %s", role.name, spec.name, spec.config, blend)
 
     # ---- worker role ---------------------------------------------------------------------

@@ -77,7 +77,10 @@ class WorkerSide:
         self._failed_block_ids: set[int] = set()
         self._blend_step: BlendStep | None = None
         self._staging_buf: torch.Tensor | None = None
-        self._cos_sin, self._is_neox, self._rotary_dim = self._build_rope(vllm_config)
+        # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
+        self._cos_sin = self._is_neox = self._rotary_dim = None
+        if check_layer is not None:
+            self._cos_sin, self._is_neox, self._rotary_dim = self._build_rope(vllm_config)
 
     # ---- set-up --------------------------------------------------------------------------
 

@@ -44,6 +44,12 @@ class StoreStats:
     dram_hits: int = 0  # loads served by the DRAM tier (included in load_blocks)
     dump_skipped: int = 0  # dumps of blocks that were already stored (included in dump_blocks)
 
+    def count_lookup(self, found: Sequence[bool]) -> None:
+        hits = sum(found)
+        self.lookups += len(found)
+        self.hits += hits
+        self.misses += len(found) - hits
+
     def copy(self) -> StoreStats:
         return dataclasses.replace(self)
 

@@ -78,10 +78,7 @@ class DramStore(KVStoreBase):
         keys = validate_keys(keys)
         found = [k in self._blocks for k in keys]
         with self._lock:
-            hits = sum(found)
-            self._stats.lookups += len(keys)
-            self._stats.hits += hits
-            self._stats.misses += len(keys) - hits
+            self._stats.count_lookup(found)
         return found
 
     def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:

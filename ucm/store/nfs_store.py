@@ -66,11 +66,8 @@ class UcmNfsStore(KVStoreBase):
         on_disk = self._engine.exists([self._layout.block_path(keys[i]) for i in todo])
         for i, hit in zip(todo, on_disk):
             found[i] = hit
-        hits = sum(found)
         with self._lock:
-            self._stats.lookups += len(keys)
-            self._stats.hits += hits
-            self._stats.misses += len(keys) - hits
+            self._stats.count_lookup(found)
         return found
 
     def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:

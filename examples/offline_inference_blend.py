@@ -1,36 +1,35 @@
-"""Main job: answer multi-document questions and report time-to-first-token and answer quality.
+"""Main job: answer multi-document questions by full prefill and by Blend; report TTFT and quality.
 
-Runs with no argument on the embedded model (SmolLM2-135M-Instruct) and a generated data set.
+Runs with no argument on the embedded model (SmolLM2-135M-Instruct) and a generated data set
+(4 questions x 6 passages x 250 words: a few minutes on 2 CPU cores).
 Environment variables (UCM style) and flags:
   MODEL_PATH          --model      model directory (default: the embedded model, prepared on demand)
-  DATA_DIR            --store-dir  KV store directory shared by all engines
+  DATA_DIR            --store-dir  KV store directory (default: a fresh temporary directory,
+                                   removed at the end unless --keep-store)
   BLEND_DATASET_PATH  --dataset    CacheBlend JSON ({ctxs, question, answers}) or LongBench JSONL
 
-Status: Blend (the UCM connector and the sparse forward) is not implemented yet, so this job runs
-the full-prefill baseline only and says so in its output.
+Per question, one engine: every passage is first prefilled on its own (the indexing step that
+stores each chunk's KV), then the whole prompt is answered three times, one request at a time:
+by full prefill, by Blend at --ratio, and by full reuse (ratio 0). Each answer request has its own
+cache_salt, so vLLM's prefix cache cannot serve it from an earlier one. vLLM logs at WARNING
+level unless VLLM_LOGGING_LEVEL says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
-import time
-from dataclasses import dataclass
+import tempfile
 
-from ucm.eval.datasets import DatasetError, QAExample, load_dataset
-from ucm.eval.metrics import best_f1, short_answer
-from ucm.eval.prompts import build_prompt, chunk_end_token_id
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-
-@dataclass
-class Answer:
-    mode: str
-    question: str
-    text: str
-    ttft_s: float
-    f1: float
+from ucm.integration.vllm.llm import shutdown  # noqa: E402
+from ucm.eval.blend_eval import (DEFAULT_RATIO, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
+                                 make_blend_llm, modes_for, summarize, unexpected_reports)
+from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,42 +41,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--passages", type=int, default=6, help="passages per generated question")
     p.add_argument("--passage-words", type=int, default=250, help="words per generated passage")
     p.add_argument("--max-tokens", type=int, default=16)
-    return p.parse_args(argv)
-
-
-def generate_one(llm, token_ids: list[int], max_tokens: int) -> tuple[str, float]:
-    """One request at a time, so its TTFT is not shared with other requests of a batch."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    start = time.perf_counter()
-    out = llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
-    wall = time.perf_counter() - start
-    metrics = getattr(out, "metrics", None)
-    ttft = getattr(metrics, "first_token_latency", 0.0) or wall
-    return out.outputs[0].text, ttft
-
-
-def run_mode(llm, mode: str, examples: list[QAExample], max_tokens: int) -> list[Answer]:
-    tokenizer = llm.get_tokenizer()
-    marker = chunk_end_token_id(tokenizer)
-    answers = []
-    for i, ex in enumerate(examples, 1):
-        prompt = build_prompt(tokenizer, ex, marker)
-        text, ttft = generate_one(llm, prompt.token_ids, max_tokens)
-        answers.append(Answer(mode, ex.question, text, ttft, best_f1(short_answer(text), list(ex.answers))))
-        print(f"[{mode}] {i}/{len(examples)} ({len(prompt.token_ids)} tokens, TTFT {ttft:.2f}s) "
-              f"Q: {ex.question} -> {short_answer(text)!r}  gold: {ex.answers[0]!r}", flush=True)
-    return answers
-
-
-def print_summary(answers: list[Answer]) -> None:
-    print("\nmode            mean TTFT  median TTFT  mean F1")
-    for mode in dict.fromkeys(a.mode for a in answers):
-        rows = [a for a in answers if a.mode == mode]
-        ttfts = [a.ttft_s for a in rows]
-        print(f"{mode:<14} {statistics.mean(ttfts):9.2f}s {statistics.median(ttfts):11.2f}s "
-              f"{statistics.mean(a.f1 for a in rows):8.3f}")
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
+                   help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    p.add_argument("--keep-store", action="store_true", help="keep the temporary store directory")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not print each question's answers")
+    args = p.parse_args(argv)
+    if not 0.0 <= args.ratio <= 1.0:
+        p.error("--ratio must be in [0, 1]")
+    if args.num_questions < 1:
+        p.error("--num-questions must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +67,63 @@ def main(argv: list[str] | None = None) -> int:
         from ucm.models import prepare
 
         args.model = str(prepare())
-    print("NOTE: Blend is not implemented yet; this run computes the full-prefill baseline only.", flush=True)
+    temp_store = args.store_dir is None
+    store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-store-")
+    print(f"model: {args.model}\nstore: {store_dir}{' (temporary)' if temp_store else ''}\n"
+          f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
 
-    from ucm.integration.vllm.llm import make_llm
+    modes = modes_for([args.ratio, 0.0])
+    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
+    try:
+        results = run(llm, examples, modes, args)
+    finally:
+        shutdown(llm)
+        if temp_store and not args.keep_store:
+            shutil.rmtree(store_dir, ignore_errors=True)
+            print(f"removed the temporary store {store_dir}")
+    if not results:
+        print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
+        return 1
+    measurements = [m for r in results for m in r.measurements]
 
-    llm = make_llm(args.model, disable_log_stats=False)
-    answers = run_mode(llm, "full prefill", examples, args.max_tokens)
-    print_summary(answers)
+    tokens = [r.prompt_tokens for r in results]
+    print(f"\n{len(results)} questions, prompts of {min(tokens)}-{max(tokens)} tokens "
+          f"(mean {statistics.mean(tokens):.0f}); indexing step {statistics.mean(r.index_s for r in results):.2f}s "
+          "per question (all passages, batched)\n")
+    print(format_table(summarize(measurements, modes)))
+    print("\n" + TABLE_NOTES)
+    problems = unexpected_reports(measurements)
+    for line in problems:
+        print(f"WARNING: {line}")
     return 0
+
+
+def run(llm, examples, modes, args):
+    from tqdm import tqdm
+
+    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
+    questions, warnings = evaluator.check_fits(examples)
+    for line in warnings:
+        print(f"WARNING: {line}", flush=True)
+    print("warming up the engine on a small generated question ...", flush=True)
+    evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60, seed=12345)[0],
+                      modes)
+
+    results = []
+    with tqdm(total=len(questions) * len(modes), unit="answer", desc="answering", dynamic_ncols=True) as bar:
+        def progress(m):
+            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
+            bar.update()
+
+        for qi, ex in questions:
+            bar.set_description(f"question {qi + 1}/{len(examples)}")
+            result = evaluator.run_question(qi, ex, modes, on_measurement=progress)
+            results.append(result)
+            if not args.quiet:
+                tqdm.write(f"Q{qi + 1} ({result.prompt_tokens} tokens): {ex.question}  gold: {ex.answers[0]!r}")
+                for m in result.measurements:
+                    tqdm.write(f"    {m.mode:<12} TTFT {m.ttft_s:6.2f}s  -> {m.answer!r}")
+    return results
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ Engines are session-scoped and shared: one plain engine (the reference: full pre
 own prefix cache) and one engine with the UCM connector and Blend on a shared store directory.
 """
 
-import gc
 import sys
 from pathlib import Path
 
 import pytest
+
+from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 
 # blend_helpers.py sits next to the tests; importlib import mode does not put this folder on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -18,25 +19,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
-
-
-def shutdown(llm) -> None:
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    gc.collect()
-
-
-def ucm_transfer_config(store_dir, blend_ratio=None, chunk_end_token_id=2):
-    from vllm.config import KVTransferConfig
-
-    extra = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
-                                 "ucm_connector_config": {"storage_backends": str(store_dir)}}]}
-    if blend_ratio is not None:
-        extra["ucm_sparse_config"] = {"Blend": {
-            "chunk_end_token_id": chunk_end_token_id,
-            "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": blend_ratio}}}}
-    return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 from blend_helpers import assert_same, run
-from conftest import ucm_transfer_config
+from ucm.integration.vllm.llm import ucm_transfer_config
 
 TINY = {
     "Qwen2ForCausalLM": {"model_type": "qwen2"},

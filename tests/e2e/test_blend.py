@@ -132,3 +132,21 @@ def test_chunk_lengths_per_request_need_no_marker(blend_llm, plain_llm):
     blended, ids = ask([2, 0, 1], ratio=1.0)
     assert blended.report["blended"] and blended.report["chunk_hit_blocks"] == blended.report["chunk_blocks"]
     assert_same(blended, run(plain_llm, ids))
+
+
+def test_prompt_split_by_chunked_prefill_falls_back_to_full_compute(blend_llm, plain_llm):
+    """Longer than max_num_batched_tokens (4096): blending needs the whole prompt in one step,
+    so the request is computed in full, in several steps, with the exact output."""
+    a, b = prompts(blend_llm, seed=110, passages=8, words=420)
+    assert len(b) > blend_llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    run(blend_llm, a)
+    second = run(blend_llm, b)
+    assert second.report["chunk_hit_blocks"] > 0 and not second.report["blended"]
+    assert_same(second, run(plain_llm, b))
+
+
+def test_blend_disabled_request_still_stores_its_chunks(blend_llm):
+    a, b = prompts(blend_llm, seed=111)
+    first = run(blend_llm, a, disable=True)
+    assert not first.report["blended"] and first.report["dumped_blocks"] > 0
+    assert run(blend_llm, b).report["chunk_hit_blocks"] == first.report["chunk_blocks"]

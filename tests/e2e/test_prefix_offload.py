@@ -4,7 +4,7 @@ damaged stored block is recomputed instead of being served or failing the reques
 import time
 
 from blend_helpers import assert_same, run
-from conftest import shutdown, ucm_transfer_config
+from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 
 from ucm.eval.datasets import generate_synthetic
 

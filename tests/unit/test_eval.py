@@ -1,12 +1,14 @@
-"""Data set loaders, generated QA set, prompt building and F1."""
+"""Data set loaders, generated QA set, prompt building, F1 and the Blend evaluation summary."""
 
 import json
 
 import pytest
 
+from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, format_table, indexing_prompts, modes_for, parse_ratios,
+                                 summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, short_answer, token_f1
-from ucm.eval.prompts import build_prompt
+from ucm.eval.prompts import ChunkedPrompt, build_prompt
 
 
 def test_f1_and_short_answer():
@@ -80,3 +82,72 @@ def test_prompt_chunks_are_position_independent(model_dir):
     start_a, start_b = sum(a.chunk_lengths[:3]), a.chunk_lengths[0]
     n = a.chunk_lengths[3]
     assert a.token_ids[start_a:start_a + n] == b.token_ids[start_b:start_b + n]
+
+
+# ---- ucm.eval.blend_eval: modes, indexing prompts and the summary (no engine) ----------------------
+
+
+def test_modes_and_ratios():
+    modes = modes_for([0.15, 0.0, 0.15, 1.0])
+    assert [m.name for m in modes] == ["full prefill", "blend 0.15", "full reuse", "blend 1"]
+    assert modes[0] is FULL_PREFILL and modes[0].is_full and modes[2].ratio == 0.0
+    assert parse_ratios("0, 0.05,1") == [0.0, 0.05, 1.0]
+    for bad in ("", "x", "1.5", "-0.1"):
+        with pytest.raises(ValueError):
+            parse_ratios(bad)
+
+
+def test_indexing_prompts_are_system_plus_each_passage():
+    prompt = ChunkedPrompt([1, 2, 10, 11, 2, 20, 2, 30, 31], [2, 3, 2])  # suffix 30, 31
+    assert indexing_prompts(prompt) == [[1, 2, 10, 11, 2], [1, 2, 20, 2]]
+
+
+def _m(q, mode, ratio, ttft, answer, gold_f1, report=None, vs_full=None, agree=None):
+    return Measurement(q, mode, ratio, 100, ttft, "metrics", answer, answer, gold_f1, vs_full, agree, report or {})
+
+
+def test_summary_medians_speedup_quality_and_counters():
+    hit = {"blended": True, "chunk_hit_tokens": 90, "chunk_hit_blocks": 3, "chunk_blocks": 3}
+    rows = [
+        _m(0, "full prefill", None, 4.0, "a", 1.0), _m(1, "full prefill", None, 6.0, "b", 0.0),
+        _m(2, "full prefill", None, 5.0, "c", 1.0),
+        _m(0, "blend 0.15", 0.15, 1.0, "a", 1.0, hit, 1.0, True),
+        _m(1, "blend 0.15", 0.15, 2.0, "x", 0.0, hit, 0.0, False),
+        _m(2, "blend 0.15", 0.15, 9.0, "c", 1.0, dict(hit, blended=False), 1.0, True),
+    ]
+    full, blend = summarize(rows, modes_for([0.15, 0.0]))  # no full-reuse rows: left out
+    assert full.median_ttft_s == 5.0 and full.speedup == 1.0 and full.f1_vs_full is None and full.agree_pct is None
+    assert blend.median_ttft_s == 2.0 and blend.mean_ttft_s == 4.0 and blend.speedup == 2.5
+    assert blend.f1_gold == pytest.approx(2 / 3) and blend.f1_vs_full == pytest.approx(2 / 3)
+    assert blend.agree_pct == pytest.approx(200 / 3)
+    assert (blend.blended, blend.chunk_hit_tokens, blend.chunk_hit_blocks, blend.chunk_blocks) == (2, 270, 9, 9)
+    table = format_table([full, blend]).splitlines()
+    assert table[0].split()[:2] == ["mode", "ratio"] and set(table[1]) <= {"-", " "}
+    assert "2.50x" in table[3] and "67%" in table[3] and "2/3" in table[3] and "9/9" in table[3]
+    problems = unexpected_reports(rows)
+    assert len(problems) == 1 and "question 2 blend 0.15: not blended" in problems[0]
+    no_report = [_m(0, "blend 0.15", 0.15, 1.0, "a", 1.0)]
+    assert unexpected_reports(no_report) == ["question 0 blend 0.15: no connector report"]
+
+
+def test_check_fits_warns_and_leaves_out_prompts_too_long():
+    from types import SimpleNamespace
+
+    from ucm.eval.blend_eval import BlendEvaluator
+    from ucm.eval.datasets import QAExample
+
+    class Tok:  # one token per word
+        def encode(self, text, add_special_tokens=False):
+            return [5] * len(text.split())
+
+        def convert_tokens_to_ids(self, token):
+            return 2
+
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=300))
+    llm = SimpleNamespace(get_tokenizer=Tok, llm_engine=engine)
+    short, mid, long = (QAExample(("w " * n,), "q?", ("a",)) for n in (50, 200, 400))
+    ev = BlendEvaluator(llm, max_tokens=16, max_num_batched_tokens=150)
+    kept, warnings = ev.check_fits([short, mid, long])
+    assert [i for i, _ in kept] == [0, 1]
+    assert len(warnings) == 2 and "question 1" in warnings[0] and "max_num_batched_tokens=150" in warnings[0]
+    assert "question 2" in warnings[1] and "left out" in warnings[1]

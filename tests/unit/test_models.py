@@ -1,7 +1,6 @@
 """Preparation of the embedded model: files, config, tokenizer, weights, errors."""
 
 import json
-import shutil
 
 import pytest
 

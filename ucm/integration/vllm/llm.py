@@ -38,3 +38,23 @@ def make_llm(model: str, **overrides: Any):
     from vllm import LLM
 
     return LLM(**engine_kwargs(model, **overrides))
+
+
+def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
+                        check_layer: str = "model.layers.1.self_attn.attn"):
+    """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given."""
+    from vllm.config import KVTransferConfig
+
+    extra: dict[str, Any] = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
+                                                 "ucm_connector_config": {"storage_backends": str(store_dir)}}]}
+    if blend_ratio is not None:
+        extra["ucm_sparse_config"] = {"Blend": {"chunk_end_token_id": chunk_end_token_id,
+                                                "compute_meta": {check_layer: {"ratio": blend_ratio}}}}
+    return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
+
+
+def shutdown(llm) -> None:
+    """Stop an engine's processes now rather than at interpreter exit."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()

@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 # Per-request key in SamplingParams(extra_args={"kv_transfer_params": {...}}): chunk lengths in
 # tokens, for users who mark chunks without a sentinel token.
 CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
-# Per-request opt-out of chunk reuse (the request is still prefix-cached and offloaded).
+# Per-request opt-out of chunk reuse: the request is computed in full (its chunks are still stored,
+# and it is still prefix-cached and offloaded).
 DISABLE_BLEND_PARAM = "ucm_disable_blend"
 # Per-request HKVD ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
 RATIO_PARAM = "ucm_blend_ratio"
@@ -49,6 +50,7 @@ class _RequestState:
     plan: BlendPlan | None
     exact_stored: list[bool]  # per full prompt block: exact KV already in the store
     exact_limit: int  # prompt tokens before this have exact KV once computed
+    blend_allowed: bool  # False: chunks are looked up and stored, but never loaded
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
     blend_this_step: bool = False
@@ -104,7 +106,7 @@ class SchedulerSide:
 
     def chunk_layout(self, request: Request) -> ChunkLayout | None:
         params = request.kv_transfer_params or {}
-        if self.blend is None or params.get(DISABLE_BLEND_PARAM):
+        if self.blend is None:
             return None
         tokens = request.prompt_token_ids or []
         lengths = params.get(CHUNK_LENGTHS_PARAM)
@@ -144,11 +146,12 @@ class SchedulerSide:
         layout = self.chunk_layout(request)
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup)
-        first_approx = plan.first_approximate_token if plan is not None else None
+        blend = plan is not None and not (request.kv_transfer_params or {}).get(DISABLE_BLEND_PARAM)
+        first_approx = plan.first_approximate_token if blend else None
         exact_limit = prompt_len if first_approx is None else first_approx
         if first_approx is not None:
             self._salt_hashes(request, first_approx // bs)
-        self._states[request.request_id] = _RequestState(request, prompt_len, plan, exact_stored, exact_limit)
+        self._states[request.request_id] = _RequestState(request, prompt_len, plan, exact_stored, exact_limit, blend)
         return external, False
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
@@ -211,7 +214,7 @@ class SchedulerSide:
         for b in range(local // bs, num_computed // bs):
             step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, self._original_hashes(state.request)[b]), b * bs, bs))
         plan = state.plan
-        if plan is not None and plan.loaded:
+        if plan is not None and plan.loaded and state.blend_allowed:
             whole = num_computed + num_scheduled >= state.prompt_len
             if whole and plan.prefix_tokens == num_computed:
                 state.blend_this_step = True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
-from ucm.integration.vllm.metadata import BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.metadata import BlockDump, RequestStep, UCMConnectorMetadata
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
 from ucm.store.base import KVStoreBase, Task
 

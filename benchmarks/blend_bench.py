@@ -1,0 +1,239 @@
+"""Blend against full prefill on ~6,000-token multi-document prompts: TTFT and answer quality.
+
+One engine (UCM connector, Blend) serves every mode; per question the passages are first
+prefilled one by one (the indexing step that stores each chunk), then the whole prompt is
+answered by full prefill and by Blend at each ratio, one request at a time, back to back, each
+request with its own cache_salt so vLLM's prefix cache serves none of them (see ucm/eval/blend_eval.py).
+
+    python benchmarks/blend_bench.py                           # full prefill, Blend 0.15, full reuse
+    python benchmarks/blend_bench.py --sweep                   # ratios 0 .. 1 -> JSON (+ PNG)
+    python benchmarks/blend_bench.py --num-questions 1 --sweep --ratios 0,0.15,1   # quick check
+
+Data: ../shared/data/musique_dev.json (CacheBlend's MuSiQue set: 10 passages of ~600 tokens per
+question) when it exists, else generated questions of 10 passages x ~450 words. On 2 CPU cores:
+about 40 s of start-up and warm-up, then about 45 s per question for the default modes (full
+prefill alone takes 18-25 s at 6,000 tokens) and about 90 s per question for the default sweep.
+vLLM logs at WARNING level unless VLLM_LOGGING_LEVEL says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
+
+from ucm.integration.vllm.llm import shutdown  # noqa: E402
+from ucm.eval.blend_eval import (  # noqa: E402
+    DEFAULT_RATIO, SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, format_table, make_blend_llm,
+    modes_for, parse_ratios, summarize, unexpected_reports)
+from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "blend_bench.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
+                   help="model directory (env MODEL_PATH; default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dataset", default=None,
+                   help=f"CacheBlend JSON or LongBench JSONL (default: {DEFAULT_DATASET} if it exists, else generated)")
+    p.add_argument("--generated", action="store_true", help="use the generated data set even if MuSiQue exists")
+    p.add_argument("--num-questions", type=int, default=5)
+    p.add_argument("--passages", type=int, default=10, help="passages per generated question (default 10)")
+    p.add_argument("--passage-words", type=int, default=450, help="words per generated passage (default 450)")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
+                   help=f"Blend ratio of the default run (default {DEFAULT_RATIO})")
+    p.add_argument("--sweep", action="store_true", help="measure every ratio of --ratios and write JSON (+ PNG)")
+    p.add_argument("--ratios", type=_ratios, default=list(SWEEP_RATIOS),
+                   help="comma-separated ratios of --sweep (default " + ",".join(f"{r:g}" for r in SWEEP_RATIOS) + ")")
+    p.add_argument("--out", default=None,
+                   help=f"JSON result file (default with --sweep: {DEFAULT_OUT.relative_to(REPO)}); "
+                        "the PNG goes next to it")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"),
+                   help="KV store directory (env DATA_DIR; default: a temporary directory, removed at the end)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up question")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every answer")
+    args = p.parse_args(argv)
+    if not 0.0 <= args.ratio <= 1.0:
+        p.error("--ratio must be in [0, 1]")
+    if args.num_questions < 1:
+        p.error("--num-questions must be at least 1")
+    if args.dataset is None and not args.generated and DEFAULT_DATASET.is_file():
+        args.dataset = str(DEFAULT_DATASET)
+    if args.out is None and args.sweep:
+        args.out = str(DEFAULT_OUT)
+    return args
+
+
+def _ratios(text: str) -> list[float]:
+    try:
+        return parse_ratios(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
+                                passages_per_example=args.passages, passage_words=args.passage_words)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.model:
+        from ucm.models import prepare
+
+        args.model = str(prepare())
+    modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0])
+    temp_store = args.store_dir is None
+    store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-bench-")
+    print(f"model:   {args.model}\nstore:   {store_dir}{' (temporary)' if temp_store else ''}\n"
+          f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
+          f"modes:   {', '.join(m.name for m in modes)}", flush=True)
+
+    started = time.time()
+    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
+    try:
+        results = run(llm, examples, modes, args)
+    finally:
+        shutdown(llm)
+        if temp_store:
+            shutil.rmtree(store_dir, ignore_errors=True)
+    if not results:
+        print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
+        return 1
+    measurements = [m for r in results for m in r.measurements]
+    summaries = summarize(measurements, modes)
+
+    print_report(results, summaries, modes, args)
+    for line in unexpected_reports(measurements):
+        print(f"WARNING: {line}")
+    if args.out:
+        out = Path(args.out)
+        write_json(out, args, results, summaries, modes, started)
+        print(f"\nwrote {out}")
+        if not args.no_plot:
+            png = out.with_suffix(".png")
+            message = write_plot(png, summaries)
+            print(message or f"wrote {png}")
+    return 0
+
+
+def run(llm, examples, modes: list[Mode], args):
+    from tqdm import tqdm
+
+    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
+    questions, warnings = evaluator.check_fits(examples)
+    for line in warnings:
+        print(f"WARNING: {line}", flush=True)
+    if not args.no_warmup:
+        print("warming up on a small generated question ...", flush=True)
+        evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60,
+                                             seed=12345)[0], modes)
+    results = []
+    with tqdm(total=len(questions) * len(modes), unit="req", desc="bench", dynamic_ncols=True) as bar:
+        def progress(m):
+            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
+            bar.update()
+            if args.verbose:
+                tqdm.write(f"q{m.question + 1} {m.mode:<12} {m.prompt_tokens} tok  TTFT {m.ttft_s:7.3f}s  "
+                           f"-> {m.answer!r}")
+
+        for qi, ex in questions:
+            bar.set_description(f"question {qi + 1}/{len(examples)}")
+            results.append(evaluator.run_question(qi, ex, modes, on_measurement=progress))
+            if args.verbose:
+                tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
+    return results
+
+
+def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args) -> None:
+    tokens = [r.prompt_tokens for r in results]
+    print(f"\n== Blend benchmark: {len(results)} questions, prompts of {min(tokens)}-{max(tokens)} tokens "
+          f"(mean {statistics.mean(tokens):.0f}), {args.max_tokens} answer tokens ==")
+    print(f"indexing step (all passages of a question, batched): median "
+          f"{statistics.median(r.index_s for r in results):.2f}s\n")
+    print(format_table(summaries))
+    by_name = {s.mode: s for s in summaries}
+    full = by_name.get("full prefill")
+    blend = by_name.get(modes_for([args.ratio])[1].name)
+    if full and blend and blend.speedup:
+        print(f"\nmedian TTFT: full prefill {full.median_ttft_s:.3f}s, {blend.mode} {blend.median_ttft_s:.3f}s "
+              f"-> speed-up {blend.speedup:.2f}x (full / blend)")
+    print("\n" + TABLE_NOTES)
+
+
+def write_json(path: Path, args, results, summaries, modes, started: float) -> None:
+    from dataclasses import asdict
+
+    tokens = [r.prompt_tokens for r in results]
+    data = {
+        "config": {
+            "model": args.model, "dataset": args.dataset or "generated", "num_questions": len(results),
+            "passages": args.passages if args.dataset is None else None,
+            "passage_words": args.passage_words if args.dataset is None else None,
+            "max_tokens": args.max_tokens, "ratios": [m.ratio for m in modes if m.ratio is not None],
+            "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "duration_s": round(time.time() - started, 1),
+        },
+        "prompt_tokens": {"min": min(tokens), "max": max(tokens), "mean": statistics.mean(tokens)},
+        "summary": [s.to_dict() for s in summaries],
+        "questions": [{"question": r.question, "prompt_tokens": r.prompt_tokens, "index_s": r.index_s,
+                       "measurements": [asdict(m) for m in r.measurements]} for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
+    """TTFT and quality against the ratio, full prefill as reference lines; a message if skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
+    full = next((s for s in summaries if s.ratio is None), None)
+    blend = sorted((s for s in summaries if s.ratio is not None), key=lambda s: s.ratio)
+    if not blend:
+        return "no Blend ratio measured: no plot written"
+    x = [s.ratio for s in blend]
+    fig, (ax_t, ax_q) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax_t.plot(x, [s.median_ttft_s for s in blend], "o-", label="Blend (median)")
+    if full:
+        ax_t.axhline(full.median_ttft_s, color="grey", ls="--", label="full prefill (median)")
+    ax_t.set(xlabel="recompute ratio", ylabel="TTFT (s)", title="Time to first token", ylim=(0, None))
+    ax_t.legend()
+    ax_q.plot(x, [s.f1_gold for s in blend], "o-", label="F1 vs gold")
+    ax_q.plot(x, [s.f1_vs_full or 0.0 for s in blend], "s-", label="F1 vs full-prefill answer")
+    ax_q.plot(x, [(s.agree_pct or 0.0) / 100 for s in blend], "^:", label="agreement with full prefill")
+    if full:
+        ax_q.axhline(full.f1_gold, color="grey", ls="--", label="full prefill F1 vs gold")
+    ax_q.set(xlabel="recompute ratio", ylabel="score", title="Answer quality", ylim=(0, 1.05))
+    ax_q.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Full prefill against Blend on one engine: TTFT, answer quality and cache counters.
+
+Shared by the main job (examples/offline_inference_blend.py) and the benchmark
+(benchmarks/blend_bench.py). Per question:
+
+1. Indexing: every passage is prefilled once on its own, as ``[system][passage]`` (what a RAG
+   system's indexing step would do), which stores the KV of each chunk. These requests are
+   batched and not timed as answers.
+2. Each mode answers the whole prompt (system, passages in the data set's order, question), one
+   request at a time, back to back:
+   * full prefill: ``ucm_disable_blend`` (no chunk reuse);
+   * Blend at ratio r: the chunks' stored KV is loaded and r of the loaded tokens are recomputed
+     after the check layer (r = 0: full reuse, r = 1: recompute all of them).
+   Every measured request carries its own ``cache_salt``, so vLLM's local prefix cache (and the
+   store's exact-prefix keys, which follow vLLM's salted block hashes) cannot serve it: a mode
+   is never helped by an earlier mode of the same question. Chunk lookups ignore the salt.
+
+Every request states its chunks (system message and passages) in ``ucm_chunk_lengths``, so the
+question is the prompt's suffix, recomputed by every mode as a user's new question would be.
+Split at the marker instead, the question message (which ends with <|im_end|> as well) would be a
+chunk of its own: the first Blend mode of a question would store it and every later mode would
+reuse its KV, so the modes would not be measured alike.
+
+Nothing here imports vLLM at module level; engines are built by the callers' main processes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ucm.eval.datasets import QAExample
+from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
+from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
+
+DEFAULT_CHECK_LAYER = "model.layers.1.self_attn.attn"
+DEFAULT_RATIO = 0.15
+SWEEP_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+REPORT_KEY = "ucm"  # RequestOutput.kv_transfer_params[REPORT_KEY]: what the cache did
+
+
+# ---- modes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    ratio: float | None  # None: full prefill (Blend disabled for the request)
+
+    @property
+    def is_full(self) -> bool:
+        return self.ratio is None
+
+
+FULL_PREFILL = Mode("full prefill", None)
+
+
+def blend_mode(ratio: float) -> Mode:
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"Blend ratio must be in [0, 1], got {ratio}")
+    return Mode("full reuse" if ratio == 0 else f"blend {ratio:g}", float(ratio))
+
+
+def modes_for(ratios: Iterable[float]) -> list[Mode]:
+    """Full prefill (the reference every other mode is compared with) first, then each ratio."""
+    modes = [FULL_PREFILL]
+    for r in ratios:
+        m = blend_mode(r)
+        if m not in modes:
+            modes.append(m)
+    return modes
+
+
+def parse_ratios(text: str) -> list[float]:
+    """'0,0.15,1' -> [0.0, 0.15, 1.0] (argparse type)."""
+    try:
+        ratios = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ValueError(f"ratios must be comma-separated numbers, got {text!r}") from exc
+    for r in ratios:
+        blend_mode(r)
+    if not ratios:
+        raise ValueError("no ratio given")
+    return ratios
+
+
+# ---- engine --------------------------------------------------------------------------------------
+
+
+def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
+                   **overrides: Any):
+    """One engine for every mode: the ratio is overridden per request.
+
+    A prompt blends only when it is scheduled in one step, hence max_num_batched_tokens; TTFT
+    comes from vLLM's request metrics, which need stats logging on.
+    """
+    from ucm.integration.vllm.llm import make_llm, ucm_transfer_config
+
+    kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
+    kwargs.update(overrides)
+    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio), **kwargs)
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    question: int  # index in the data set
+    mode: str
+    ratio: float | None
+    prompt_tokens: int
+    ttft_s: float
+    ttft_source: str  # "metrics" (vLLM's first_token_latency) or "wall" (generate() wall time)
+    text: str
+    answer: str  # short_answer(text): what F1 scores
+    f1_gold: float
+    f1_vs_full: float | None = None  # None for full prefill itself
+    agrees_with_full: bool | None = None
+    report: dict = field(default_factory=dict)  # kv_transfer_params["ucm"]
+
+    @property
+    def blended(self) -> bool:
+        return bool(self.report.get("blended"))
+
+
+@dataclass
+class QuestionResult:
+    question: int
+    prompt_tokens: int
+    index_s: float  # wall time of the indexing step (all passages, batched)
+    index_reports: list[dict]
+    measurements: list[Measurement]
+
+
+def indexing_prompts(prompt: ChunkedPrompt) -> list[list[int]]:
+    """``[system][passage i]`` for every passage of a built prompt, ending with the chunk marker.
+
+    The chunk tokens are cut from the prompt itself, so they are the tokens the prompt's chunk
+    hashes are computed from.
+    """
+    bounds, start = [], 0
+    for n in prompt.chunk_lengths:
+        bounds.append((start, start + n))
+        start += n
+    system = prompt.token_ids[bounds[0][0]:bounds[0][1]]
+    return [system + prompt.token_ids[a:b] for a, b in bounds[1:]]
+
+
+class BlendEvaluator:
+    """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
+
+    def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None):
+        self.llm = llm
+        self.max_tokens = max_tokens
+        self.tokenizer = llm.get_tokenizer()
+        self.marker = chunk_end_token_id(self.tokenizer)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.wall_fallbacks = 0
+
+    def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
+               disable_blend: bool = False):
+        from vllm import SamplingParams
+
+        kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths)}
+        if disable_blend:
+            kv["ucm_disable_blend"] = True
+        if ratio is not None:
+            kv["ucm_blend_ratio"] = ratio
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args={"kv_transfer_params": kv})
+
+    def build(self, example: QAExample) -> ChunkedPrompt:
+        return build_prompt(self.tokenizer, example, self.marker)
+
+    def index(self, prompt: ChunkedPrompt) -> tuple[float, list[dict]]:
+        """Store every chunk of the prompt (batched; these requests blend only the system chunk)."""
+        system = prompt.chunk_lengths[0]
+        prompts = [{"prompt_token_ids": ids} for ids in indexing_prompts(prompt)]
+        params = [self.params(1, [system, len(p["prompt_token_ids"]) - system]) for p in prompts]
+        start = time.perf_counter()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start, [report_of(o) for o in outs]
+
+    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict]:
+        """(answer text, TTFT in s, TTFT source, connector report) of one request on its own."""
+        prompt = {"prompt_token_ids": chunked.token_ids, "cache_salt": f"{mode.name}-{uuid.uuid4().hex}"}
+        params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
+        out = self.llm.generate([prompt], params, use_tqdm=False)[0]
+        ttft = getattr(getattr(out, "metrics", None), "first_token_latency", None)
+        if ttft:
+            return out.outputs[0].text, float(ttft), "metrics", report_of(out)
+        # No request metrics (stats logging off): time a one-token request instead; a new salt
+        # keeps it as cold as the first one.
+        self.wall_fallbacks += 1
+        prompt["cache_salt"] = f"{mode.name}-ttft-{uuid.uuid4().hex}"
+        one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
+        start = time.perf_counter()
+        self.llm.generate([prompt], one, use_tqdm=False)
+        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out)
+
+    def run_question(self, qi: int, example: QAExample, modes: Sequence[Mode],
+                     on_measurement: Callable[[Measurement], None] | None = None) -> QuestionResult:
+        prompt = self.build(example)
+        index_s, index_reports = self.index(prompt)
+        measurements: list[Measurement] = []
+        full: Measurement | None = None
+        for mode in modes:
+            text, ttft, source, report = self.ask(prompt, mode)
+            answer = short_answer(text)
+            m = Measurement(qi, mode.name, mode.ratio, len(prompt.token_ids), ttft, source, text, answer,
+                            best_f1(answer, list(example.answers)), report=report)
+            if mode.is_full:
+                full = m
+            elif full is not None:
+                m.f1_vs_full = token_f1(answer, full.answer)
+                m.agrees_with_full = normalize_answer(answer) == normalize_answer(full.answer)
+            measurements.append(m)
+            if on_measurement is not None:
+                on_measurement(m)
+        return QuestionResult(qi, len(prompt.token_ids), index_s, index_reports, measurements)
+
+    def warm_up(self, example: QAExample, modes: Sequence[Mode]) -> None:
+        """One small question through every code path (first calls pay for lazy set-up)."""
+        self.run_question(-1, example, modes)
+
+    def check_fits(self, examples: Sequence[QAExample]) -> tuple[list[tuple[int, QAExample]], list[str]]:
+        """(index, example) of the questions that fit the engine, and a warning for each problem.
+
+        Prompts longer than max_num_batched_tokens cannot be scheduled in one step and are computed
+        in full instead of blended (kept, with a warning); prompts that leave no room for the
+        answer in max_model_len would fail the engine (left out).
+        """
+        kept, warnings = [], []
+        max_model_len = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None)
+        for i, ex in enumerate(examples):
+            n = len(self.build(ex).token_ids)
+            if isinstance(max_model_len, int) and n + self.max_tokens > max_model_len:
+                warnings.append(f"question {i}: prompt of {n} tokens + {self.max_tokens} answer tokens exceeds "
+                                f"max_model_len={max_model_len}; left out")
+                continue
+            if self.max_num_batched_tokens is not None and n > self.max_num_batched_tokens:
+                warnings.append(f"question {i}: prompt of {n} tokens exceeds max_num_batched_tokens="
+                                f"{self.max_num_batched_tokens}; it cannot be scheduled in one step and "
+                                "will be computed in full instead of blended")
+            kept.append((i, ex))
+        return kept, warnings
+
+
+def report_of(out) -> dict:
+    return dict((getattr(out, "kv_transfer_params", None) or {}).get(REPORT_KEY) or {})
+
+
+# ---- summary -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModeSummary:
+    mode: str
+    ratio: float | None
+    n: int
+    mean_ttft_s: float
+    median_ttft_s: float
+    speedup: float | None  # median full-prefill TTFT / this mode's median TTFT
+    f1_gold: float
+    f1_vs_full: float | None
+    agree_pct: float | None
+    blended: int  # requests the connector reports as blended
+    chunk_hit_tokens: int
+    chunk_hit_blocks: int
+    chunk_blocks: int
+    external_prefix_tokens: int
+    dumped_blocks: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> list[ModeSummary]:
+    by_mode = {m.name: [x for x in measurements if x.mode == m.name] for m in modes}
+    full_rows = by_mode.get(FULL_PREFILL.name) or []
+    full_median = statistics.median(x.ttft_s for x in full_rows) if full_rows else None
+    out = []
+    for mode in modes:
+        rows = by_mode[mode.name]
+        if not rows:
+            continue
+        ttfts = [x.ttft_s for x in rows]
+        median = statistics.median(ttfts)
+        vs_full = [x.f1_vs_full for x in rows if x.f1_vs_full is not None]
+        agree = [x.agrees_with_full for x in rows if x.agrees_with_full is not None]
+
+        def total(key: str) -> int:
+            return sum(int(x.report.get(key) or 0) for x in rows)
+
+        out.append(ModeSummary(
+            mode=mode.name, ratio=mode.ratio, n=len(rows),
+            mean_ttft_s=statistics.mean(ttfts), median_ttft_s=median,
+            speedup=(full_median / median) if full_median and median > 0 else None,
+            f1_gold=statistics.mean(x.f1_gold for x in rows),
+            f1_vs_full=statistics.mean(vs_full) if vs_full else None,
+            agree_pct=100.0 * sum(agree) / len(agree) if agree else None,
+            blended=sum(x.blended for x in rows),
+            chunk_hit_tokens=total("chunk_hit_tokens"), chunk_hit_blocks=total("chunk_hit_blocks"),
+            chunk_blocks=total("chunk_blocks"), external_prefix_tokens=total("external_prefix_tokens"),
+            dumped_blocks=total("dumped_blocks"),
+        ))
+    return out
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(summaries: Sequence[ModeSummary]) -> str:
+    """Aligned text table: one row per mode."""
+    header = ["mode", "ratio", "n", "mean TTFT", "median TTFT", "speed-up", "F1 gold", "F1 vs full",
+              "agree", "chunk hit tok", "hit blocks", "blended"]
+    rows = [header]
+    for s in summaries:
+        rows.append([
+            s.mode, _fmt(s.ratio, "g"), str(s.n), _fmt(s.mean_ttft_s, ".3f", "s"), _fmt(s.median_ttft_s, ".3f", "s"),
+            _fmt(s.speedup, ".2f", "x"), _fmt(s.f1_gold, ".3f"), _fmt(s.f1_vs_full, ".3f"),
+            _fmt(s.agree_pct, ".0f", "%"), str(s.chunk_hit_tokens), f"{s.chunk_hit_blocks}/{s.chunk_blocks}",
+            f"{s.blended}/{s.n}",
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+TABLE_NOTES = (
+    "TTFT: vLLM's first_token_latency, one request at a time; speed-up = median full-prefill TTFT / median TTFT.\n"
+    "F1 gold: answer F1 against the data set's answers; F1 vs full / agree: the mode's answer against the\n"
+    "full-prefill answer of the same question (token F1 / same normalised short answer). chunk hit tok,\n"
+    "hit blocks, blended: totals of the connector's per-request reports (kv_transfer_params['ucm'])."
+)
+
+
+def unexpected_reports(measurements: Sequence[Measurement]) -> list[str]:
+    """Blend requests that the connector did not blend, or that found no chunk in the store."""
+    problems = []
+    for m in measurements:
+        if m.ratio is None:
+            if m.blended:
+                problems.append(f"question {m.question} {m.mode}: reported blended although Blend was disabled")
+            continue
+        if not m.report:
+            problems.append(f"question {m.question} {m.mode}: no connector report")
+        elif not m.blended:
+            problems.append(f"question {m.question} {m.mode}: not blended (report {m.report})")
+        elif m.report.get("chunk_hit_blocks", 0) < m.report.get("chunk_blocks", 0):
+            problems.append(f"question {m.question} {m.mode}: only {m.report.get('chunk_hit_blocks')} of "
+                            f"{m.report.get('chunk_blocks')} chunk blocks found in the store")
+    return problems

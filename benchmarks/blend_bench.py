@@ -32,10 +32,10 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (  # noqa: E402
+from ucm.eval.blend_eval import (examples_and_model,   # noqa: E402
     DEFAULT_RATIO, SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, format_table, make_blend_llm,
     modes_for, parse_ratios, summarize, unexpected_reports)
-from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset  # noqa: E402
+from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -90,15 +90,10 @@ def _ratios(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
-                                passages_per_example=args.passages, passage_words=args.passage_words)
+        examples, args.model = examples_and_model(args)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not args.model:
-        from ucm.models import prepare
-
-        args.model = str(prepare())
     modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0])
     temp_store = args.store_dir is None
     store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-bench-")

@@ -27,9 +27,9 @@ import tempfile
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (DEFAULT_RATIO, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
+from ucm.eval.blend_eval import (examples_and_model, DEFAULT_RATIO, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
                                  make_blend_llm, modes_for, summarize, unexpected_reports)
-from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset  # noqa: E402
+from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,15 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
-                                passages_per_example=args.passages, passage_words=args.passage_words)
+        examples, args.model = examples_and_model(args)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not args.model:
-        from ucm.models import prepare
-
-        args.model = str(prepare())
     temp_store = args.store_dir is None
     store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-store-")
     print(f"model: {args.model}\nstore: {store_dir}{' (temporary)' if temp_store else ''}\n"

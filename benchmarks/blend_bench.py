@@ -32,8 +32,8 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (examples_and_model,   # noqa: E402
-    DEFAULT_RATIO, SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, format_table, make_blend_llm,
+from ucm.eval.blend_eval import (add_run_args, check_run_args, examples_and_model,   # noqa: E402
+    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, format_table, make_blend_llm,
     modes_for, parse_ratios, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
@@ -49,12 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default=None,
                    help=f"CacheBlend JSON or LongBench JSONL (default: {DEFAULT_DATASET} if it exists, else generated)")
     p.add_argument("--generated", action="store_true", help="use the generated data set even if MuSiQue exists")
-    p.add_argument("--num-questions", type=int, default=5)
-    p.add_argument("--passages", type=int, default=10, help="passages per generated question (default 10)")
-    p.add_argument("--passage-words", type=int, default=450, help="words per generated passage (default 450)")
-    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
-    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
-                   help=f"Blend ratio of the default run (default {DEFAULT_RATIO})")
+    add_run_args(p, num_questions=5, passages=10, passage_words=450)
     p.add_argument("--sweep", action="store_true", help="measure every ratio of --ratios and write JSON (+ PNG)")
     p.add_argument("--ratios", type=_ratios, default=list(SWEEP_RATIOS),
                    help="comma-separated ratios of --sweep (default " + ",".join(f"{r:g}" for r in SWEEP_RATIOS) + ")")
@@ -64,15 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"),
                    help="KV store directory (env DATA_DIR; default: a temporary directory, removed at the end)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up question")
     p.add_argument("-v", "--verbose", action="store_true", help="print every answer")
     args = p.parse_args(argv)
-    if not 0.0 <= args.ratio <= 1.0:
-        p.error("--ratio must be in [0, 1]")
-    if args.num_questions < 1:
-        p.error("--num-questions must be at least 1")
+    check_run_args(p, args)
     if args.dataset is None and not args.generated and DEFAULT_DATASET.is_file():
         args.dataset = str(DEFAULT_DATASET)
     if args.out is None and args.sweep:

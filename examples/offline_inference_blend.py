@@ -27,7 +27,7 @@ import tempfile
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (examples_and_model, DEFAULT_RATIO, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
+from ucm.eval.blend_eval import (add_run_args, check_run_args, examples_and_model, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
                                  make_blend_llm, modes_for, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
@@ -37,21 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (env MODEL_PATH)")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"), help="KV store directory (env DATA_DIR)")
     p.add_argument("--dataset", default=os.environ.get("BLEND_DATASET_PATH"), help="data set file (env BLEND_DATASET_PATH)")
-    p.add_argument("--num-questions", type=int, default=4)
-    p.add_argument("--passages", type=int, default=6, help="passages per generated question")
-    p.add_argument("--passage-words", type=int, default=250, help="words per generated passage")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
-                   help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    add_run_args(p, num_questions=4, passages=6, passage_words=250)
     p.add_argument("--keep-store", action="store_true", help="keep the temporary store directory")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print each question's answers")
     args = p.parse_args(argv)
-    if not 0.0 <= args.ratio <= 1.0:
-        p.error("--ratio must be in [0, 1]")
-    if args.num_questions < 1:
-        p.error("--num-questions must be at least 1")
+    check_run_args(p, args)
     return args
 
 

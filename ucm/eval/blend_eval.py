@@ -91,6 +91,27 @@ def parse_ratios(text: str) -> list[float]:
 # ---- engine --------------------------------------------------------------------------------------
 
 
+def add_run_args(p, *, num_questions: int, passages: int, passage_words: int) -> None:
+    """Options the main job and the benchmark share (their defaults differ)."""
+    p.add_argument("--num-questions", type=int, default=num_questions)
+    p.add_argument("--passages", type=int, default=passages,
+                   help=f"passages per generated question (default {passages})")
+    p.add_argument("--passage-words", type=int, default=passage_words,
+                   help=f"words per generated passage (default {passage_words})")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
+                   help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+
+
+def check_run_args(p, args) -> None:
+    if not 0.0 <= args.ratio <= 1.0:
+        p.error("--ratio must be in [0, 1]")
+    if args.num_questions < 1:
+        p.error("--num-questions must be at least 1")
+
+
 def examples_and_model(args) -> tuple[list, str]:
     """The data set and model directory of a run (the embedded model unless --model is given).
 

@@ -61,15 +61,12 @@ class _RequestState:
 
 
 class SchedulerSide:
-    def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
-                 max_num_batched_tokens: int):
-        self.config = config
+    def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str):
         self.blend = config.sparse
         self.store = store
         self.namespace = namespace
         self.block_size = block_size
         self.hash_algo = hash_algo
-        self.max_num_batched_tokens = max_num_batched_tokens
         self._hasher: BlockHasher | None = None
         self._states: dict[str, _RequestState] = {}
         self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting

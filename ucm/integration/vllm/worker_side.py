@@ -269,6 +269,7 @@ class WorkerSide:
 
     def shutdown(self) -> None:
         self._reap_dumps(block=True)
+        logger.info("UCM worker totals: %s", self.stats)
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (add_run_args, check_run_args, examples_and_model,   # noqa: E402
-    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, format_table, make_blend_llm,
-    modes_for, parse_ratios, summarize, unexpected_reports)
+from ucm.eval.blend_eval import (  # noqa: E402
+    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, check_run_args, examples_and_model,
+    format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios, summarize,
+    unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
     try:
-        results = run(llm, examples, modes, args)
+        results, counters = run(llm, examples, modes, args)
     finally:
         shutdown(llm)
         if temp_store:
@@ -105,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     measurements = [m for r in results for m in r.measurements]
     summaries = summarize(measurements, modes)
 
-    print_report(results, summaries, modes, args)
+    print_report(results, summaries, modes, args, counters)
     for line in unexpected_reports(measurements):
         print(f"WARNING: {line}")
     if args.out:
         out = Path(args.out)
-        write_json(out, args, results, summaries, modes, started)
+        write_json(out, args, results, summaries, modes, started, counters)
         print(f"\nwrote {out}")
         if not args.no_plot:
             png = out.with_suffix(".png")
@@ -144,16 +145,16 @@ def run(llm, examples, modes: list[Mode], args):
             results.append(evaluator.run_question(qi, ex, modes, on_measurement=progress))
             if args.verbose:
                 tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
-    return results
+    return results, evaluator.counters()
 
 
-def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args) -> None:
+def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args, counters: dict) -> None:
     tokens = [r.prompt_tokens for r in results]
     print(f"\n== Blend benchmark: {len(results)} questions, prompts of {min(tokens)}-{max(tokens)} tokens "
           f"(mean {statistics.mean(tokens):.0f}), {args.max_tokens} answer tokens ==")
     print(f"indexing step (all passages of a question, batched): median "
           f"{statistics.median(r.index_s for r in results):.2f}s\n")
-    print(format_table(summaries))
+    print(format_table(summaries) + "\n\n" + format_cache_table(summaries))
     by_name = {s.mode: s for s in summaries}
     full = by_name.get("full prefill")
     blend = by_name.get(modes_for([args.ratio])[1].name)
@@ -161,9 +162,11 @@ def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args)
         print(f"\nmedian TTFT: full prefill {full.median_ttft_s:.3f}s, {blend.mode} {blend.median_ttft_s:.3f}s "
               f"-> speed-up {blend.speedup:.2f}x (full / blend)")
     print("\n" + TABLE_NOTES)
+    if counters:
+        print("\nUCM connector counters of the whole run (indexing and warm-up included):\n" + format_counters(counters))
 
 
-def write_json(path: Path, args, results, summaries, modes, started: float) -> None:
+def write_json(path: Path, args, results, summaries, modes, started: float, counters: dict) -> None:
     from dataclasses import asdict
 
     tokens = [r.prompt_tokens for r in results]
@@ -179,6 +182,7 @@ def write_json(path: Path, args, results, summaries, modes, started: float) -> N
         },
         "prompt_tokens": {"min": min(tokens), "max": max(tokens), "mean": statistics.mean(tokens)},
         "summary": [s.to_dict() for s in summaries],
+        "counters": counters,
         "questions": [{"question": r.question, "prompt_tokens": r.prompt_tokens, "index_s": r.index_s,
                        "measurements": [asdict(m) for m in r.measurements]} for r in results],
     }

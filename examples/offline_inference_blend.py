@@ -27,8 +27,9 @@ import tempfile
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
-from ucm.eval.blend_eval import (add_run_args, check_run_args, examples_and_model, TABLE_NOTES, BlendEvaluator, format_table,  # noqa: E402
-                                 make_blend_llm, modes_for, summarize, unexpected_reports)
+from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
+                                 format_cache_table, format_counters, format_table, make_blend_llm, modes_for,
+                                 summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = modes_for([args.ratio, 0.0])
     llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
     try:
-        results = run(llm, examples, modes, args)
+        results, counters = run(llm, examples, modes, args)
     finally:
         shutdown(llm)
         if temp_store and not args.keep_store:
@@ -75,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(results)} questions, prompts of {min(tokens)}-{max(tokens)} tokens "
           f"(mean {statistics.mean(tokens):.0f}); indexing step {statistics.mean(r.index_s for r in results):.2f}s "
           "per question (all passages, batched)\n")
-    print(format_table(summarize(measurements, modes)))
+    summaries = summarize(measurements, modes)
+    print(format_table(summaries) + "\n\n" + format_cache_table(summaries))
     print("\n" + TABLE_NOTES)
+    if counters:
+        print("\nUCM connector counters of the whole run (indexing and warm-up included):\n" + format_counters(counters))
     problems = unexpected_reports(measurements)
     for line in problems:
         print(f"WARNING: {line}")
@@ -108,7 +112,7 @@ def run(llm, examples, modes, args):
                 tqdm.write(f"Q{qi + 1} ({result.prompt_tokens} tokens): {ex.question}  gold: {ex.answers[0]!r}")
                 for m in result.measurements:
                     tqdm.write(f"    {m.mode:<12} TTFT {m.ttft_s:6.2f}s  -> {m.answer!r}")
-    return results
+    return results, evaluator.counters()
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ def store_dir(tmp_path_factory):
 def blend_llm(model_dir, store_dir):
     from ucm.integration.vllm.llm import make_llm
 
-    llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15))
+    # Stats logging on: the connector's counters reach LLM.get_metrics() (test_statistics_counters...).
+    llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15),
+                   disable_log_stats=False)
     yield llm
     shutdown(llm)

@@ -150,3 +150,32 @@ def test_blend_disabled_request_still_stores_its_chunks(blend_llm):
     first = run(blend_llm, a, disable=True)
     assert not first.report["blended"] and first.report["dumped_blocks"] > 0
     assert run(blend_llm, b).report["chunk_hit_blocks"] == first.report["chunk_blocks"]
+
+
+def test_statistics_counters_follow_the_requests(blend_llm):
+    """The connector's counters reach vLLM's metrics (KVConnectorStats -> Prometheus) per request."""
+    from ucm.integration.vllm.stats import ucm_counters
+
+    def delta(before, after):
+        return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+    a, b = prompts(blend_llm, seed=110)
+    c0 = ucm_counters(blend_llm.get_metrics())
+    first = run(blend_llm, a)
+    c1 = ucm_counters(blend_llm.get_metrics())
+    second = run(blend_llm, b, ratio=0.25)
+    c2 = ucm_counters(blend_llm.get_metrics())
+
+    d = delta(c0, c1)
+    assert d["requests"] == 1 and d["prompt_tokens"] == len(a)
+    assert d["dumped_blocks"] == first.report["dumped_blocks"] and d["dump_bytes"] > 0
+    d = delta(c1, c2)
+    assert d["requests"] == 1 and d["blended_requests"] == 1
+    assert d["chunk_hit_tokens"] == second.report["chunk_hit_tokens"]
+    assert d["loaded_blocks"] == second.report["chunk_hit_blocks"] and "failed_blocks" not in d
+    loaded = d["recomputed_tokens"] + d["reused_tokens"]
+    assert loaded == second.report["chunk_hit_tokens"]
+    assert d["recomputed_tokens"] == pytest.approx(0.25 * loaded, abs=1)
+    cfg = blend_llm.llm_engine.model_config
+    bytes_per_token = cfg.hf_text_config.num_hidden_layers * 2 * cfg.get_total_num_kv_heads() * cfg.get_head_size() * 4
+    assert d["load_bytes"] >= loaded * bytes_per_token and d["load_ms"] > 0

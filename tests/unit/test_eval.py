@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, format_table, indexing_prompts, modes_for, parse_ratios,
-                                 summarize, unexpected_reports)
+from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, format_cache_table, format_counters, format_table,
+                                 indexing_prompts, modes_for, parse_ratios, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
@@ -102,17 +102,19 @@ def test_indexing_prompts_are_system_plus_each_passage():
     assert indexing_prompts(prompt) == [[1, 2, 10, 11, 2], [1, 2, 20, 2]]
 
 
-def _m(q, mode, ratio, ttft, answer, gold_f1, report=None, vs_full=None, agree=None):
-    return Measurement(q, mode, ratio, 100, ttft, "metrics", answer, answer, gold_f1, vs_full, agree, report or {})
+def _m(q, mode, ratio, ttft, answer, gold_f1, report=None, vs_full=None, agree=None, counters=None):
+    return Measurement(q, mode, ratio, 100, ttft, "metrics", answer, answer, gold_f1, vs_full, agree, report or {},
+                       counters or {})
 
 
 def test_summary_medians_speedup_quality_and_counters():
     hit = {"blended": True, "chunk_hit_tokens": 90, "chunk_hit_blocks": 3, "chunk_blocks": 3}
+    counted = {"recomputed_tokens": 15, "reused_tokens": 75, "load_bytes": 2_500_000, "load_ms": 30.0}
     rows = [
         _m(0, "full prefill", None, 4.0, "a", 1.0), _m(1, "full prefill", None, 6.0, "b", 0.0),
         _m(2, "full prefill", None, 5.0, "c", 1.0),
-        _m(0, "blend 0.15", 0.15, 1.0, "a", 1.0, hit, 1.0, True),
-        _m(1, "blend 0.15", 0.15, 2.0, "x", 0.0, hit, 0.0, False),
+        _m(0, "blend 0.15", 0.15, 1.0, "a", 1.0, hit, 1.0, True, counted),
+        _m(1, "blend 0.15", 0.15, 2.0, "x", 0.0, hit, 0.0, False, counted),
         _m(2, "blend 0.15", 0.15, 9.0, "c", 1.0, dict(hit, blended=False), 1.0, True),
     ]
     full, blend = summarize(rows, modes_for([0.15, 0.0]))  # no full-reuse rows: left out
@@ -123,7 +125,15 @@ def test_summary_medians_speedup_quality_and_counters():
     assert (blend.blended, blend.chunk_hit_tokens, blend.chunk_hit_blocks, blend.chunk_blocks) == (2, 270, 9, 9)
     table = format_table([full, blend]).splitlines()
     assert table[0].split()[:2] == ["mode", "ratio"] and set(table[1]) <= {"-", " "}
-    assert "2.50x" in table[3] and "67%" in table[3] and "2/3" in table[3] and "9/9" in table[3]
+    assert "2.50x" in table[3] and "67%" in table[3]
+    assert (blend.recomputed_tokens, blend.reused_tokens, blend.load_bytes) == (30, 150, 5_000_000)
+    assert blend.recomputed_pct == pytest.approx(100 / 6) and full.recomputed_pct is None
+    cache = format_cache_table([full, blend]).splitlines()
+    assert "2/3" in cache[3] and "9/9" in cache[3] and "270" in cache[3]
+    assert "30 (16.7%)" in cache[3] and "5.0" in cache[3] and " 20 " in cache[3]  # 60 ms over 3 requests
+    lines = format_counters({"recomputed_tokens": 30, "load_bytes": 5e6}).splitlines()
+    assert any(ln.split()[:2] == ["recomputed_tokens", "30"] for ln in lines)
+    assert any(ln.split()[:2] == ["load_bytes", "5,000,000"] for ln in lines)
     problems = unexpected_reports(rows)
     assert len(problems) == 1 and "question 2 blend 0.15: not blended" in problems[0]
     no_report = [_m(0, "blend 0.15", 0.15, 1.0, "a", 1.0)]

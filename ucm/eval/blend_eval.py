@@ -159,6 +159,7 @@ class Measurement:
     f1_vs_full: float | None = None  # None for full prefill itself
     agrees_with_full: bool | None = None
     report: dict = field(default_factory=dict)  # kv_transfer_params["ucm"]
+    counters: dict = field(default_factory=dict)  # the connector's statistics counters during the request
 
     @property
     def blended(self) -> bool:
@@ -222,14 +223,26 @@ class BlendEvaluator:
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start, [report_of(o) for o in outs]
 
-    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict]:
-        """(answer text, TTFT in s, TTFT source, connector report) of one request on its own."""
+    def counters(self) -> dict[str, float]:
+        """The connector's cumulative statistics counters (empty when vLLM's stats logging is off)."""
+        from ucm.integration.vllm.stats import ucm_counters
+
+        try:
+            return ucm_counters(self.llm.get_metrics())
+        except AssertionError:  # LLMEngine.get_metrics asserts that stats logging is on
+            return {}
+
+    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict]:
+        """(answer text, TTFT in s, TTFT source, connector report, counter deltas) of one request alone."""
         prompt = {"prompt_token_ids": chunked.token_ids, "cache_salt": f"{mode.name}-{uuid.uuid4().hex}"}
         params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
+        before = self.counters()
         out = self.llm.generate([prompt], params, use_tqdm=False)[0]
+        after = self.counters()
+        deltas = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
         ttft = getattr(getattr(out, "metrics", None), "first_token_latency", None)
         if ttft:
-            return out.outputs[0].text, float(ttft), "metrics", report_of(out)
+            return out.outputs[0].text, float(ttft), "metrics", report_of(out), deltas
         # No request metrics (stats logging off): time a one-token request instead; a new salt
         # keeps it as cold as the first one.
         self.wall_fallbacks += 1
@@ -237,7 +250,7 @@ class BlendEvaluator:
         one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
         start = time.perf_counter()
         self.llm.generate([prompt], one, use_tqdm=False)
-        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out)
+        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out), deltas
 
     def run_question(self, qi: int, example: QAExample, modes: Sequence[Mode],
                      on_measurement: Callable[[Measurement], None] | None = None) -> QuestionResult:
@@ -246,10 +259,10 @@ class BlendEvaluator:
         measurements: list[Measurement] = []
         full: Measurement | None = None
         for mode in modes:
-            text, ttft, source, report = self.ask(prompt, mode)
+            text, ttft, source, report, counters = self.ask(prompt, mode)
             answer = short_answer(text)
             m = Measurement(qi, mode.name, mode.ratio, len(prompt.token_ids), ttft, source, text, answer,
-                            best_f1(answer, list(example.answers)), report=report)
+                            best_f1(answer, list(example.answers)), report=report, counters=counters)
             if mode.is_full:
                 full = m
             elif full is not None:
@@ -311,9 +324,20 @@ class ModeSummary:
     chunk_blocks: int
     external_prefix_tokens: int
     dumped_blocks: int
+    # Totals of the connector's statistics counters over the mode's requests (see stats.COUNTERS);
+    # zero when vLLM's stats logging is off.
+    recomputed_tokens: int = 0
+    reused_tokens: int = 0
+    load_bytes: int = 0
+    load_ms: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def recomputed_pct(self) -> float | None:
+        loaded = self.recomputed_tokens + self.reused_tokens
+        return 100.0 * self.recomputed_tokens / loaded if loaded else None
 
 
 def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> list[ModeSummary]:
@@ -333,6 +357,9 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
         def total(key: str) -> int:
             return sum(int(x.report.get(key) or 0) for x in rows)
 
+        def counted(key: str) -> float:
+            return sum(x.counters.get(key, 0) for x in rows)
+
         out.append(ModeSummary(
             mode=mode.name, ratio=mode.ratio, n=len(rows),
             mean_ttft_s=statistics.mean(ttfts), median_ttft_s=median,
@@ -344,6 +371,8 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             chunk_hit_tokens=total("chunk_hit_tokens"), chunk_hit_blocks=total("chunk_hit_blocks"),
             chunk_blocks=total("chunk_blocks"), external_prefix_tokens=total("external_prefix_tokens"),
             dumped_blocks=total("dumped_blocks"),
+            recomputed_tokens=int(counted("recomputed_tokens")), reused_tokens=int(counted("reused_tokens")),
+            load_bytes=int(counted("load_bytes")), load_ms=float(counted("load_ms")),
         ))
     return out
 
@@ -353,17 +382,41 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 
 def format_table(summaries: Sequence[ModeSummary]) -> str:
-    """Aligned text table: one row per mode."""
-    header = ["mode", "ratio", "n", "mean TTFT", "median TTFT", "speed-up", "F1 gold", "F1 vs full",
-              "agree", "chunk hit tok", "hit blocks", "blended"]
-    rows = [header]
-    for s in summaries:
-        rows.append([
-            s.mode, _fmt(s.ratio, "g"), str(s.n), _fmt(s.mean_ttft_s, ".3f", "s"), _fmt(s.median_ttft_s, ".3f", "s"),
-            _fmt(s.speedup, ".2f", "x"), _fmt(s.f1_gold, ".3f"), _fmt(s.f1_vs_full, ".3f"),
-            _fmt(s.agree_pct, ".0f", "%"), str(s.chunk_hit_tokens), f"{s.chunk_hit_blocks}/{s.chunk_blocks}",
-            f"{s.blended}/{s.n}",
-        ])
+    """Speed and quality, one row per mode."""
+    header = ["mode", "ratio", "n", "mean TTFT", "median TTFT", "speed-up", "F1 gold", "F1 vs full", "agree"]
+    rows = [[
+        s.mode, _fmt(s.ratio, "g"), str(s.n), _fmt(s.mean_ttft_s, ".3f", "s"), _fmt(s.median_ttft_s, ".3f", "s"),
+        _fmt(s.speedup, ".2f", "x"), _fmt(s.f1_gold, ".3f"), _fmt(s.f1_vs_full, ".3f"), _fmt(s.agree_pct, ".0f", "%"),
+    ] for s in summaries]
+    return _aligned(header, rows)
+
+
+def format_cache_table(summaries: Sequence[ModeSummary]) -> str:
+    """What the cache did, one row per mode: the per-request reports and the statistics counters."""
+    header = ["mode", "blended", "chunk hit blocks", "chunk hit tok", "recomputed tok", "loaded MB", "load ms/req",
+              "dumped blocks"]
+    rows = [[
+        s.mode, f"{s.blended}/{s.n}", f"{s.chunk_hit_blocks}/{s.chunk_blocks}", str(s.chunk_hit_tokens),
+        f"{s.recomputed_tokens} ({s.recomputed_pct:.1f}%)" if s.recomputed_pct is not None else "-",
+        f"{s.load_bytes / 1e6:.1f}", f"{s.load_ms / s.n:.0f}" if s.load_ms else "-", str(s.dumped_blocks),
+    ] for s in summaries]
+    return _aligned(header, rows)
+
+
+def format_counters(counters: dict[str, float]) -> str:
+    """The connector's statistics counters of a whole run (indexing and warm-up included), one line each."""
+    from ucm.integration.vllm.stats import COUNTERS
+
+    width = max(map(len, COUNTERS))
+    lines = []
+    for name, meaning in COUNTERS.items():
+        value = counters.get(name, 0)
+        lines.append(f"  {name:<{width}}  {value:>14,.0f}  {meaning}")
+    return "\n".join(lines)
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> str:
+    rows = [header] + rows
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
     for k, r in enumerate(rows):
@@ -377,8 +430,10 @@ def format_table(summaries: Sequence[ModeSummary]) -> str:
 TABLE_NOTES = (
     "TTFT: vLLM's first_token_latency, one request at a time; speed-up = median full-prefill TTFT / median TTFT.\n"
     "F1 gold: answer F1 against the data set's answers; F1 vs full / agree: the mode's answer against the\n"
-    "full-prefill answer of the same question (token F1 / same normalised short answer). chunk hit tok,\n"
-    "hit blocks, blended: totals of the connector's per-request reports (kv_transfer_params['ucm'])."
+    "full-prefill answer of the same question (token F1 / same normalised short answer).\n"
+    "Cache table: blended, chunk hit blocks / tokens, dumped blocks: totals of the connector's per-request\n"
+    "reports (kv_transfer_params['ucm']); recomputed tok (share of the loaded chunk tokens), loaded MB, load\n"
+    "ms/req: the connector's statistics counters (vLLM's KV connector stats, vllm:ucm_*) during the requests."
 )
 
 

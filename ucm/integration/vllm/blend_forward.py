@@ -56,6 +56,9 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     ratios = torch.zeros(num_reqs, dtype=torch.float32, device=hidden.device)
     ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
     hkvd = select_hkvd(deviation, loaded, segment, ratios, all_reduce=all_reduce, num_segments=num_reqs)
+    num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
+    step.stats.add("recomputed_tokens", num_selected)
+    step.stats.add("reused_tokens", num_loaded - num_selected)
     compute = ~loaded | hkvd
     compute[qsl[1:] - 1] = True  # every request's last token feeds the sampler
 

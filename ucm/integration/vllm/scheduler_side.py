@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ucm.integration.vllm.metadata import BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import BlendPlan, build_plan
@@ -71,6 +72,7 @@ class SchedulerSide:
         self._states: dict[str, _RequestState] = {}
         self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting
         self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
+        self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
 
     @property
     def hasher(self) -> BlockHasher:
@@ -208,6 +210,10 @@ class SchedulerSide:
         bs = self.block_size
         step = RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled)
         local = num_computed - state.num_external
+        self.stats.add("requests")
+        self.stats.add("prompt_tokens", state.prompt_len)
+        self.stats.add("local_prefix_tokens", local)
+        self.stats.add("store_prefix_tokens", state.num_external)
         for b in range(local // bs, num_computed // bs):
             step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, self._original_hashes(state.request)[b]), b * bs, bs))
         plan = state.plan
@@ -216,6 +222,8 @@ class SchedulerSide:
             if whole and plan.prefix_tokens == num_computed:
                 state.blend_this_step = True
                 step.ratio = state.ratio = self._ratio(state.request)
+                self.stats.add("blended_requests")
+                self.stats.add("chunk_hit_tokens", plan.num_loaded_tokens)
                 for blk in plan.loaded:
                     step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
                                                       len(blk.tokens), blk.chunk_start, blk.skip))

@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ucm.config import BlendConfig, UCMConfig
 from ucm.integration.vllm.metadata import UCMConnectorMetadata
 from ucm.integration.vllm.scheduler_side import SchedulerSide
+from ucm.integration.vllm.stats import UCMConnectorStats, UCMPromMetrics
 from ucm.integration.vllm.worker_side import BlendStep, WorkerSide
 from ucm.sparse.blend.rope import check_rope_supports_delta
 from ucm.store.factory import create_store
@@ -138,6 +139,21 @@ class UCMConnector(KVConnectorBase_V1):
     def take_blend_step(self) -> BlendStep | None:
         """For the Blend model forward of this step (worker process)."""
         return self._worker.take_blend_step() if self._worker else None
+
+    # ---- statistics (both roles) ---------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> UCMConnectorStats | None:
+        if self._worker is not None:
+            return self._worker.take_stats()
+        return self._scheduler.stats.take() if self._scheduler is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> UCMConnectorStats:
+        return UCMConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> UCMPromMetrics:
+        return UCMPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -17,6 +17,7 @@ import torch
 
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.integration.vllm.metadata import BlockDump, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
 from ucm.store.base import KVStoreBase, Task
 
@@ -45,16 +46,7 @@ class BlendStep:
     check_layer: int
     layout: KVLayout
     check_cache: torch.Tensor  # the check layer's paged KV cache, holding fresh K after that layer ran
-
-
-@dataclass
-class TransferStats:
-    prefix_blocks_loaded: int = 0
-    chunk_blocks_loaded: int = 0
-    chunk_tokens_loaded: int = 0
-    blocks_failed: int = 0
-    blocks_dumped: int = 0
-    load_seconds: float = 0.0
+    stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
 
 
 @dataclass
@@ -72,7 +64,8 @@ class WorkerSide:
         self.layer_names: list[str] = []
         self.caches: list[torch.Tensor] = []
         self.layout: KVLayout | None = None
-        self.stats = TransferStats()
+        self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
+        self.totals = UCMConnectorStats()  # since start-up, logged at shutdown
         self._pending: list[_PendingDump] = []
         self._failed_block_ids: set[int] = set()
         self._blend_step: BlendStep | None = None
@@ -153,10 +146,10 @@ class WorkerSide:
 
         for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
             if good:
-                self.stats.prefix_blocks_loaded += 1
+                self._count_load(buf)
                 self._place_exact(buf, self._slots(req, ld.start, ld.num_tokens))
             else:  # vLLM recomputes the blocks reported by get_block_ids_with_load_errors
-                self.stats.blocks_failed += 1
+                self.stats.add("failed_blocks")
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
 
         rows, slots, deltas, ratios, offset = [], [], [], [], 0
@@ -169,19 +162,23 @@ class WorkerSide:
                 slots.append(self._slots(req, ld.start + ld.skip, n))
                 deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
                 ratios.append(torch.full((n,), req.ratio, dtype=torch.float32))
-                self.stats.chunk_blocks_loaded += 1
-                self.stats.chunk_tokens_loaded += n
+                self._count_load(buf)
             else:
-                self.stats.blocks_failed += 1
+                self.stats.add("failed_blocks")
             offset += n
         if rows:
             loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
             slot_t = torch.cat(slots).to(self._device)
             check_k = self._place_chunks(loaded, slot_t, torch.cat(deltas))
             self._blend_step = BlendStep(slot_t, check_k, torch.cat(ratios).to(self._device), self.check_layer,
-                                         self.layout, self.caches[self.check_layer])
-        self.stats.load_seconds += time.perf_counter() - start
-        logger.debug("loaded %d blocks in %.3fs", len(keys), time.perf_counter() - start)
+                                         self.layout, self.caches[self.check_layer], self.stats)
+        elapsed = time.perf_counter() - start
+        self.stats.add("load_ms", 1000.0 * elapsed)
+        logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
+
+    def _count_load(self, block: torch.Tensor) -> None:
+        self.stats.add("loaded_blocks")
+        self.stats.add("load_bytes", block.numel() * block.element_size())
 
     def _place_exact(self, block: torch.Tensor, slots: torch.Tensor) -> None:
         assert self.layout is not None
@@ -242,7 +239,8 @@ class WorkerSide:
         task = self.store.dump([d.key for _, d in dumps], [_bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])
         self._pending.append(_PendingDump(task, buffers))
-        self.stats.blocks_dumped += len(dumps)
+        self.stats.add("dumped_blocks", len(dumps))
+        self.stats.add("dump_bytes", sum(b.numel() * b.element_size() for b in buffers))
 
     def _gather(self, req: RequestStep, dump: BlockDump) -> torch.Tensor:
         assert self.layout is not None
@@ -267,9 +265,16 @@ class WorkerSide:
                 still.append(p)
         self._pending = still
 
+    def take_stats(self) -> UCMConnectorStats | None:
+        taken = self.stats.take()
+        if taken is not None:
+            self.totals.aggregate(taken)
+        return taken
+
     def shutdown(self) -> None:
         self._reap_dumps(block=True)
-        logger.info("UCM worker totals: %s", self.stats)
+        self.totals.aggregate(self.stats)
+        logger.info("UCM worker totals: %s", self.totals.reduce())
 
     # ---- helpers -------------------------------------------------------------------------
 

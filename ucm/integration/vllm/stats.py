@@ -1,0 +1,99 @@
+"""The connector's counters, reported through vLLM's connector statistics API.
+
+The scheduler and every worker count what they did in a step and hand the counts to vLLM from
+`get_kv_connector_stats()`; vLLM sums them across workers and with the scheduler's, logs them
+with its periodic stats ("KV Transfer metrics: ...") and exports each one as a Prometheus
+counter `vllm:ucm_<name>_total`, which `LLM.get_metrics()` and the server's /metrics show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+# name -> meaning (the Prometheus help text). Counters only: every value is a sum over steps.
+COUNTERS: dict[str, str] = {
+    # scheduler
+    "requests": "Requests the UCM connector planned when they were first scheduled",
+    "prompt_tokens": "Prompt tokens of those requests",
+    "local_prefix_tokens": "Prompt tokens served by vLLM's local prefix cache (exact)",
+    "store_prefix_tokens": "Prompt tokens served as an exact prefix from the UCM store",
+    "chunk_hit_tokens": "Prompt tokens whose chunk KV was found in the store and loaded for Blend",
+    "blended_requests": "Requests computed with the Blend sparse forward",
+    # worker
+    "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
+    "failed_blocks": "Blocks that could not be loaded and were recomputed",
+    "load_bytes": "Bytes loaded from the store",
+    "load_ms": "Milliseconds spent loading and placing KV before the forward",
+    "dumped_blocks": "Blocks handed to the store",
+    "dump_bytes": "Bytes handed to the store",
+    "recomputed_tokens": "Loaded chunk tokens recomputed after the check layer (HKVD)",
+    "reused_tokens": "Loaded chunk tokens that kept their loaded KV after the check layer",
+}
+
+
+@dataclass
+class UCMConnectorStats(KVConnectorStats):
+    """`data` maps counter names (COUNTERS) to sums; plain ints and floats, so it pickles."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def add(self, name: str, value: int | float = 1) -> None:
+        if name not in COUNTERS:
+            raise KeyError(f"unknown UCM counter {name!r}")
+        if value:
+            self.data[name] = self.data.get(name, 0) + value
+
+    def aggregate(self, other: KVConnectorStats) -> UCMConnectorStats:
+        for name, value in other.data.items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.data.items()}
+        if self.data.get("load_ms"):
+            out["load_GB_per_s"] = round(self.data.get("load_bytes", 0) / self.data["load_ms"] / 1e6, 2)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+    def take(self) -> UCMConnectorStats | None:
+        """This interval's counts (None when nothing happened); counting starts again from zero."""
+        if self.is_empty():
+            return None
+        taken = UCMConnectorStats(data=self.data)
+        self.reset()
+        return taken
+
+
+class UCMPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per entry of COUNTERS, labelled per engine like vLLM's own."""
+
+    def __init__(self, vllm_config, metric_types, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {}
+        for name, doc in COUNTERS.items():
+            counter = self._counter_cls(name=f"vllm:ucm_{name}", documentation=f"UCM: {doc}", labelnames=labelnames)
+            self._counters[name] = {idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            per_engine = self._counters.get(name)
+            if per_engine is not None and value > 0:
+                per_engine[engine_idx].inc(value)
+
+
+def ucm_counters(metrics) -> dict[str, float]:
+    """`{name: value}` of the UCM counters in `LLM.get_metrics()` output, summed over engines."""
+    out: dict[str, float] = {}
+    for m in metrics:
+        name = getattr(m, "name", "")
+        if name.startswith("vllm:ucm_") and hasattr(m, "value"):
+            key = name[len("vllm:ucm_"):]
+            out[key] = out.get(key, 0) + m.value
+    return out

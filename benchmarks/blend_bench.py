@@ -34,9 +34,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (  # noqa: E402
     SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, check_run_args, examples_and_model,
-    format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios, summarize,
-    unexpected_reports)
-from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
+    format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios, run_questions,
+    summarize, unexpected_reports)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -80,11 +79,7 @@ def _ratios(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        examples, args.model = examples_and_model(args)
-    except DatasetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    examples, args.model = examples_and_model(args)
     modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0])
     temp_store = args.store_dir is None
     store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-bench-")
@@ -123,29 +118,17 @@ def main(argv: list[str] | None = None) -> int:
 def run(llm, examples, modes: list[Mode], args):
     from tqdm import tqdm
 
-    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
-    questions, warnings = evaluator.check_fits(examples)
-    for line in warnings:
-        print(f"WARNING: {line}", flush=True)
-    if not args.no_warmup:
-        print("warming up on a small generated question ...", flush=True)
-        evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60,
-                                             seed=12345)[0], modes)
-    results = []
-    with tqdm(total=len(questions) * len(modes), unit="req", desc="bench", dynamic_ncols=True) as bar:
-        def progress(m):
-            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
-            bar.update()
-            if args.verbose:
-                tqdm.write(f"q{m.question + 1} {m.mode:<12} {m.prompt_tokens} tok  TTFT {m.ttft_s:7.3f}s  "
-                           f"-> {m.answer!r}")
+    def show_answer(m):
+        if args.verbose:
+            tqdm.write(f"q{m.question + 1} {m.mode:<12} {m.prompt_tokens} tok  TTFT {m.ttft_s:7.3f}s  -> {m.answer!r}")
 
-        for qi, ex in questions:
-            bar.set_description(f"question {qi + 1}/{len(examples)}")
-            results.append(evaluator.run_question(qi, ex, modes, on_measurement=progress))
-            if args.verbose:
-                tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
-    return results, evaluator.counters()
+    def show_question(result, ex):
+        if args.verbose:
+            tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
+
+    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
+    return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
+                         on_measurement=show_answer, on_question=show_question)
 
 
 def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args, counters: dict) -> None:

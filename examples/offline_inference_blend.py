@@ -29,8 +29,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
                                  format_cache_table, format_counters, format_table, make_blend_llm, modes_for,
-                                 summarize, unexpected_reports)
-from ucm.eval.datasets import DatasetError, generate_synthetic  # noqa: E402
+                                 run_questions, summarize, unexpected_reports)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,11 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        examples, args.model = examples_and_model(args)
-    except DatasetError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    examples, args.model = examples_and_model(args)
     temp_store = args.store_dir is None
     store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-store-")
     print(f"model: {args.model}\nstore: {store_dir}{' (temporary)' if temp_store else ''}\n"
@@ -90,29 +85,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(llm, examples, modes, args):
     from tqdm import tqdm
 
+    def show(result, ex):
+        if not args.quiet:
+            tqdm.write(f"Q{result.question + 1} ({result.prompt_tokens} tokens): {ex.question}  gold: {ex.answers[0]!r}")
+            for m in result.measurements:
+                tqdm.write(f"    {m.mode:<12} TTFT {m.ttft_s:6.2f}s  -> {m.answer!r}")
+
     evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
-    questions, warnings = evaluator.check_fits(examples)
-    for line in warnings:
-        print(f"WARNING: {line}", flush=True)
-    print("warming up the engine on a small generated question ...", flush=True)
-    evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60, seed=12345)[0],
-                      modes)
-
-    results = []
-    with tqdm(total=len(questions) * len(modes), unit="answer", desc="answering", dynamic_ncols=True) as bar:
-        def progress(m):
-            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
-            bar.update()
-
-        for qi, ex in questions:
-            bar.set_description(f"question {qi + 1}/{len(examples)}")
-            result = evaluator.run_question(qi, ex, modes, on_measurement=progress)
-            results.append(result)
-            if not args.quiet:
-                tqdm.write(f"Q{qi + 1} ({result.prompt_tokens} tokens): {ex.question}  gold: {ex.answers[0]!r}")
-                for m in result.measurements:
-                    tqdm.write(f"    {m.mode:<12} TTFT {m.ttft_s:6.2f}s  -> {m.answer!r}")
-    return results, evaluator.counters()
+    return run_questions(evaluator, examples, modes, on_question=show)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Nothing here imports vLLM at module level; engines are built by the callers' mai
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -113,14 +114,18 @@ def check_run_args(p, args) -> None:
 
 
 def examples_and_model(args) -> tuple[list, str]:
-    """The data set and model directory of a run (the embedded model unless --model is given).
+    """The data set and model directory of a command-line run (the embedded model unless --model).
 
-    Raises DatasetError for a bad data set, before anything slow starts.
+    A bad data set ends the program with its error and exit status 2, before anything slow starts.
     """
-    from ucm.eval.datasets import load_dataset
+    from ucm.eval.datasets import DatasetError, load_dataset
 
-    examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
-                            passages_per_example=args.passages, passage_words=args.passage_words)
+    try:
+        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
+                                passages_per_example=args.passages, passage_words=args.passage_words)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     if args.model:
         return examples, args.model
     from ucm.models import prepare
@@ -298,6 +303,43 @@ class BlendEvaluator:
                                 "will be computed in full instead of blended")
             kept.append((i, ex))
         return kept, warnings
+
+
+def run_questions(evaluator: BlendEvaluator, examples: Sequence[QAExample], modes: Sequence[Mode], *,
+                  warm_up: bool = True, desc: str = "answering", unit: str = "answer",
+                  on_measurement: Callable[[Measurement], None] | None = None,
+                  on_question: Callable[[QuestionResult, QAExample], None] | None = None,
+                  ) -> tuple[list[QuestionResult], dict[str, float]]:
+    """Every question that fits the engine, under a progress bar; (results, run-wide counters).
+
+    Callbacks that print should use tqdm.write, which keeps the bar intact.
+    """
+    from tqdm import tqdm
+
+    from ucm.eval.datasets import generate_synthetic
+
+    questions, warnings = evaluator.check_fits(examples)
+    for line in warnings:
+        print(f"WARNING: {line}", flush=True)
+    if warm_up:
+        print("warming up the engine on a small generated question ...", flush=True)
+        evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60,
+                                             seed=12345)[0], modes)
+    results = []
+    with tqdm(total=len(questions) * len(modes), unit=unit, desc=desc, dynamic_ncols=True) as bar:
+        def progress(m: Measurement) -> None:
+            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
+            bar.update()
+            if on_measurement is not None:
+                on_measurement(m)
+
+        for qi, ex in questions:
+            bar.set_description(f"question {qi + 1}/{len(examples)}")
+            result = evaluator.run_question(qi, ex, modes, on_measurement=progress)
+            results.append(result)
+            if on_question is not None:
+                on_question(result, ex)
+    return results, evaluator.counters()
 
 
 def report_of(out) -> dict:

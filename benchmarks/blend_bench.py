@@ -33,9 +33,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (  # noqa: E402
-    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, check_run_args, examples_and_model,
-    format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios, run_questions,
-    summarize, unexpected_reports)
+    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
+    examples_and_model, format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios,
+    run_questions, summarize, unexpected_reports)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default=None,
                    help=f"CacheBlend JSON or LongBench JSONL (default: {DEFAULT_DATASET} if it exists, else generated)")
     p.add_argument("--generated", action="store_true", help="use the generated data set even if MuSiQue exists")
-    add_run_args(p, num_questions=5, passages=10, passage_words=450)
+    add_run_args(p, num_questions=5, passages=10, passage_words=450, selections=("query", "hkvd"))
     p.add_argument("--sweep", action="store_true", help="measure every ratio of --ratios and write JSON (+ PNG)")
     p.add_argument("--ratios", type=_ratios, default=list(SWEEP_RATIOS),
                    help="comma-separated ratios of --sweep (default " + ",".join(f"{r:g}" for r in SWEEP_RATIOS) + ")")
@@ -80,7 +80,7 @@ def _ratios(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     examples, args.model = examples_and_model(args)
-    modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0])
+    modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
     temp_store = args.store_dir is None
     store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-bench-")
     print(f"model:   {args.model}\nstore:   {store_dir}{' (temporary)' if temp_store else ''}\n"
@@ -140,7 +140,7 @@ def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args,
     print(format_table(summaries) + "\n\n" + format_cache_table(summaries))
     by_name = {s.mode: s for s in summaries}
     full = by_name.get("full prefill")
-    blend = by_name.get(modes_for([args.ratio])[1].name)
+    blend = by_name.get(blend_mode(args.ratio, args.selections[0]).name)
     if full and blend and blend.speedup:
         print(f"\nmedian TTFT: full prefill {full.median_ttft_s:.3f}s, {blend.mode} {blend.median_ttft_s:.3f}s "
               f"-> speed-up {blend.speedup:.2f}x (full / blend)")
@@ -158,7 +158,8 @@ def write_json(path: Path, args, results, summaries, modes, started: float, coun
             "model": args.model, "dataset": args.dataset or "generated", "num_questions": len(results),
             "passages": args.passages if args.dataset is None else None,
             "passage_words": args.passage_words if args.dataset is None else None,
-            "max_tokens": args.max_tokens, "ratios": [m.ratio for m in modes if m.ratio is not None],
+            "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
+            "selections": args.selections,
             "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
@@ -183,19 +184,25 @@ def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
     except ImportError:
         return "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
     full = next((s for s in summaries if s.ratio is None), None)
-    blend = sorted((s for s in summaries if s.ratio is not None), key=lambda s: s.ratio)
-    if not blend:
+    # One curve per selection rule; ratio 0 and 1 rank nothing and belong to every curve.
+    shared = [s for s in summaries if s.ratio is not None and s.selection is None]
+    rules = list(dict.fromkeys(s.selection for s in summaries if s.selection is not None)) or ["query"]
+    curves = {rule: sorted(shared + [s for s in summaries if s.selection == rule], key=lambda s: s.ratio)
+              for rule in rules}
+    if not shared and not any(s.selection for s in summaries):
         return "no Blend ratio measured: no plot written"
-    x = [s.ratio for s in blend]
     fig, (ax_t, ax_q) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ax_t.plot(x, [s.median_ttft_s for s in blend], "o-", label="Blend (median)")
+    colors = {"query": "C0", "hkvd": "C1"}
+    for rule, blend in curves.items():
+        x, c = [s.ratio for s in blend], colors.get(rule)
+        label = "Blend" if rule == "query" else f"Blend ({rule})"
+        ax_t.plot(x, [s.median_ttft_s for s in blend], "o-", color=c, label=f"{label}, median")
+        ax_q.plot(x, [s.f1_vs_full or 0.0 for s in blend], "s-", color=c, label=f"{label}: F1 vs full-prefill answer")
+        ax_q.plot(x, [s.f1_gold for s in blend], "o:", color=c, alpha=0.6, label=f"{label}: F1 vs gold")
     if full:
         ax_t.axhline(full.median_ttft_s, color="grey", ls="--", label="full prefill (median)")
     ax_t.set(xlabel="recompute ratio", ylabel="TTFT (s)", title="Time to first token", ylim=(0, None))
     ax_t.legend()
-    ax_q.plot(x, [s.f1_gold for s in blend], "o-", label="F1 vs gold")
-    ax_q.plot(x, [s.f1_vs_full or 0.0 for s in blend], "s-", label="F1 vs full-prefill answer")
-    ax_q.plot(x, [(s.agree_pct or 0.0) / 100 for s in blend], "^:", label="agreement with full prefill")
     if full:
         ax_q.axhline(full.f1_gold, color="grey", ls="--", label="full prefill F1 vs gold")
     ax_q.set(xlabel="recompute ratio", ylabel="score", title="Answer quality", ylim=(0, 1.05))

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {args.model}\nstore: {store_dir}{' (temporary)' if temp_store else ''}\n"
           f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
 
-    modes = modes_for([args.ratio, 0.0])
+    modes = modes_for([args.ratio, 0.0], args.selections)
     llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
     try:
         results, counters = run(llm, examples, modes, args)

@@ -42,6 +42,13 @@ EXTRA_NAME = "kv_connector_extra_config"
 # Top-level keys this module understands; anything else is kept in `UCMConfig.extra` and warned about.
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY})
 
+# How Blend ranks the loaded tokens it recomputes (compute_meta[...]["selection"]): "query" weighs
+# each token's deviation by the attention the question pays it (ucm/sparse/blend/query_probe.py);
+# "hkvd" is CacheBlend's deviation-only rule.
+QUERY_SELECTION = "query"
+HKVD_SELECTION = "hkvd"
+BLEND_SELECTIONS = (QUERY_SELECTION, HKVD_SELECTION)
+
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
 _ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"
 
@@ -143,9 +150,9 @@ def _validate_store(name: str, config: Mapping[str, Any], path: str) -> None:
 class BlendConfig:
     """CacheBlend settings.
 
-    At the check layer every prompt token's K is recomputed and compared with the loaded K; only
-    the top `ratio` of cache-hit tokens (by deviation) are recomputed in the layers after it.
-    `chunk_end_token_id` None means chunk boundaries come only from per-request parameters.
+    At the check layer every prompt token's KV is recomputed and compared with the loaded KV; only
+    the top `ratio` of cache-hit tokens, ranked as `selection` says, are recomputed in the layers
+    after it. `chunk_end_token_id` None means chunk boundaries come only from per-request parameters.
     """
 
     name: ClassVar[str] = "Blend"
@@ -154,6 +161,7 @@ class BlendConfig:
     check_layer_name: str
     check_layer: int
     ratio: float
+    selection: str = QUERY_SELECTION
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.
@@ -191,7 +199,7 @@ class BlendConfig:
             )
         layer_path = _key(meta_path, layer_name)
         layer_meta = _mapping(layer_meta, layer_path)
-        _warn_unknown(layer_meta, {"ratio"}, layer_path)
+        _warn_unknown(layer_meta, {"ratio", "selection"}, layer_path)
         ratio = _require(layer_meta, "ratio", layer_path)
         if (
             isinstance(ratio, bool)
@@ -200,12 +208,18 @@ class BlendConfig:
             or not 0 <= ratio <= 1
         ):
             raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
+        selection = layer_meta.get("selection", QUERY_SELECTION)
+        if selection not in BLEND_SELECTIONS:
+            raise UCMConfigError(
+                f"{layer_path}.selection must be one of {', '.join(map(repr, BLEND_SELECTIONS))}, got {selection!r}"
+            )
 
         return cls(
             chunk_end_token_id=token,
             check_layer_name=layer_name,
             check_layer=int(match.group(1)),
             ratio=float(ratio),
+            selection=selection,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

@@ -17,10 +17,12 @@ class Result:
     report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
 
 
-def params(max_tokens=8, ratio=None, disable=False):
+def params(max_tokens=8, ratio=None, disable=False, selection=None):
     kv = {}
     if ratio is not None:
         kv["ucm_blend_ratio"] = ratio
+    if selection is not None:
+        kv["ucm_blend_selection"] = selection
     if disable:
         kv["ucm_disable_blend"] = True
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0,

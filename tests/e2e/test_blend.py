@@ -36,14 +36,18 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
     assert_same(blended, run(plain_llm, b))
 
 
-def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm):
+@pytest.mark.parametrize("selection", ["query", "hkvd"])
+def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection):
     """Reloading a prompt's own KV at its own positions is exact, so recomputing any scattered
     30% of its tokens must reproduce full prefill: this checks the causal masking of the
-    scattered runs and the delta-RoPE round trip. A cache salt keeps vLLM's prefix cache out."""
+    scattered runs, the delta-RoPE round trip and that the query probe pass (which writes the
+    question's KV over the loaded KV first) leaves nothing behind. A cache salt keeps vLLM's
+    prefix cache out."""
     a, _ = prompts(blend_llm, seed=102)
     run(blend_llm, a)
-    again = run(blend_llm, a, cache_salt="fresh", ratio=0.3)
+    again = run(blend_llm, a, cache_salt=f"fresh-{selection}", ratio=0.3, selection=selection)
     assert again.report["blended"] and again.report["chunk_hit_blocks"] > 0
+    assert again.report["selection"] == selection
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
 
@@ -92,8 +96,11 @@ def test_plain_request_after_blend_gets_exact_output(blend_llm, plain_llm):
 
 
 def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
-    """A step holding a blend prefill, a plain prefill and a decode gives each its own output."""
-    a, b = prompts(blend_llm, seed=106)
+    """A step holding a blend prefill, a plain prefill and a decode gives each its own output.
+
+    The blend request reloads its own KV at its own positions (exact), so any selection, query
+    probe included, must give full prefill's output while the other requests share the step."""
+    a, _ = prompts(blend_llm, seed=106)
     run(blend_llm, a)
     other, _ = prompts(blend_llm, seed=107, passages=2, words=80)
     decoding, _ = prompts(blend_llm, seed=108, passages=1, words=40)
@@ -101,14 +108,14 @@ def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
     engine.add_request("decode", {"prompt_token_ids": decoding}, params(max_tokens=24, disable=True))
     outputs = {}
     engine.step()  # the decode request's prefill; from now on it decodes
-    engine.add_request("blend", {"prompt_token_ids": b}, params(ratio=1.0))
+    engine.add_request("blend", {"prompt_token_ids": a, "cache_salt": "mixed"}, params(ratio=0.3))
     engine.add_request("plain", {"prompt_token_ids": other}, params(disable=True))
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 outputs[out.request_id] = result(out)
     assert outputs["blend"].report["blended"]
-    assert_same(outputs["blend"], run(plain_llm, b))
+    assert_same(outputs["blend"], run(plain_llm, a), tol=2e-3)
     assert_same(outputs["plain"], run(plain_llm, other))
     assert_same(outputs["decode"], run(plain_llm, decoding, max_tokens=24))
 
@@ -176,6 +183,8 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     loaded = d["recomputed_tokens"] + d["reused_tokens"]
     assert loaded == second.report["chunk_hit_tokens"]
     assert d["recomputed_tokens"] == pytest.approx(0.25 * loaded, abs=1)
+    question = len(b) - second.report["chunk_hit_tokens"] - second.report["external_prefix_tokens"]
+    assert 0 < d["probe_tokens"] <= question  # the query selection ran the question rows once more
     cfg = blend_llm.llm_engine.model_config
     bytes_per_token = cfg.hf_text_config.num_hidden_layers * 2 * cfg.get_total_num_kv_heads() * cfg.get_head_size() * 4
     assert d["load_bytes"] >= loaded * bytes_per_token and d["load_ms"] > 0

@@ -128,6 +128,14 @@ def test_ratio_bounds_are_accepted(ratio):
     assert sparse.ratio == float(ratio) and isinstance(sparse.ratio, float)
 
 
+@pytest.mark.parametrize("selection", ["query", "hkvd"])
+def test_selection_is_parsed_and_defaults_to_query(selection):
+    assert parse(example()).sparse.selection == "query"
+    extra = example()
+    extra["ucm_sparse_config"]["Blend"]["compute_meta"][LAYER]["selection"] = selection
+    assert parse(extra).sparse.selection == selection
+
+
 @pytest.mark.parametrize("sparse", ["absent", None, {}])
 def test_no_sparse_method(sparse):
     extra = example()
@@ -254,6 +262,10 @@ ERROR_CASES = [
     (_set(RATIO, "0.2"), f"{RATIO_PATH} must be a number in [0, 1], got '0.2'"),
     (_set(RATIO, True), f"{RATIO_PATH} must be a number in [0, 1], got True"),
     (_set(RATIO, float("nan")), f"{RATIO_PATH} must be a number in [0, 1], got nan"),
+    (
+        _set((*META, LAYER, "selection"), "attention"),
+        f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', got 'attention'",
+    ),
 ]
 
 

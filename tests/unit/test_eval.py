@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, format_cache_table, format_counters, format_table,
-                                 indexing_prompts, modes_for, parse_ratios, summarize, unexpected_reports)
+                                 indexing_prompts, modes_for, parse_ratios, parse_selections, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
@@ -95,6 +95,16 @@ def test_modes_and_ratios():
     for bad in ("", "x", "1.5", "-0.1"):
         with pytest.raises(ValueError):
             parse_ratios(bad)
+
+
+def test_modes_per_selection_share_the_unranked_ratios():
+    modes = modes_for([0.0, 0.15, 1.0], ["query", "hkvd"])
+    assert [m.name for m in modes] == ["full prefill", "full reuse", "blend 0.15", "blend 1", "hkvd 0.15"]
+    assert [m.selection for m in modes] == [None, None, "query", None, "hkvd"]
+    assert parse_selections(" hkvd,query ") == ["hkvd", "query"]
+    for bad in ("", "hkvd,random"):
+        with pytest.raises(ValueError, match="selections"):
+            parse_selections(bad)
 
 
 def test_indexing_prompts_are_system_plus_each_passage():

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
@@ -51,6 +52,7 @@ REPORT_KEY = "ucm"  # RequestOutput.kv_transfer_params[REPORT_KEY]: what the cac
 class Mode:
     name: str
     ratio: float | None  # None: full prefill (Blend disabled for the request)
+    selection: str | None = None  # how Blend ranks the tokens it recomputes; None: ratio 0 or 1 (no ranking)
 
     @property
     def is_full(self) -> bool:
@@ -60,20 +62,40 @@ class Mode:
 FULL_PREFILL = Mode("full prefill", None)
 
 
-def blend_mode(ratio: float) -> Mode:
+def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
+    """"blend R" ranks by query attention x deviation (the default), "hkvd R" by deviation alone
+    (CacheBlend's rule); ratio 0 ("full reuse") and 1 ("blend 1") rank nothing, so they are one mode."""
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"Blend ratio must be in [0, 1], got {ratio}")
-    return Mode("full reuse" if ratio == 0 else f"blend {ratio:g}", float(ratio))
+    if selection not in BLEND_SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(BLEND_SELECTIONS)}, got {selection!r}")
+    if ratio == 0:
+        return Mode("full reuse", 0.0)
+    if ratio == 1:
+        return Mode("blend 1", 1.0)
+    prefix = "blend" if selection == QUERY_SELECTION else selection
+    return Mode(f"{prefix} {ratio:g}", float(ratio), selection)
 
 
-def modes_for(ratios: Iterable[float]) -> list[Mode]:
-    """Full prefill (the reference every other mode is compared with) first, then each ratio."""
+def modes_for(ratios: Iterable[float], selections: Iterable[str] = (QUERY_SELECTION,)) -> list[Mode]:
+    """Full prefill (the reference every other mode is compared with) first, then each ratio
+    for each selection rule."""
     modes = [FULL_PREFILL]
-    for r in ratios:
-        m = blend_mode(r)
-        if m not in modes:
-            modes.append(m)
+    for selection in selections:
+        for r in ratios:
+            m = blend_mode(r, selection)
+            if m not in modes:
+                modes.append(m)
     return modes
+
+
+def parse_selections(text: str) -> list[str]:
+    """'query,hkvd' -> ['query', 'hkvd'] (argparse type)."""
+    selections = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in selections if x not in BLEND_SELECTIONS]
+    if bad or not selections:
+        raise ValueError(f"selections must be a comma-separated list of {', '.join(BLEND_SELECTIONS)}, got {text!r}")
+    return selections
 
 
 def parse_ratios(text: str) -> list[float]:
@@ -92,7 +114,20 @@ def parse_ratios(text: str) -> list[float]:
 # ---- engine --------------------------------------------------------------------------------------
 
 
-def add_run_args(p, *, num_questions: int, passages: int, passage_words: int) -> None:
+def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A parser raising ValueError, as an argparse type (whose error message argparse shows)."""
+    import argparse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return convert
+
+
+def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
+                 selections: Sequence[str] = (QUERY_SELECTION,)) -> None:
     """Options the main job and the benchmark share (their defaults differ)."""
     p.add_argument("--num-questions", type=int, default=num_questions)
     p.add_argument("--passages", type=int, default=passages,
@@ -102,6 +137,10 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int) ->
     p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
     p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
                    help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
+    p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
+                   help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
+                        "of the question x deviation, the default rule) and/or 'hkvd' (deviation alone, "
+                        f"CacheBlend's rule) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
 
@@ -206,7 +245,7 @@ class BlendEvaluator:
         self.wall_fallbacks = 0
 
     def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
-               disable_blend: bool = False):
+               disable_blend: bool = False, selection: str | None = None):
         from vllm import SamplingParams
 
         kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths)}
@@ -214,6 +253,8 @@ class BlendEvaluator:
             kv["ucm_disable_blend"] = True
         if ratio is not None:
             kv["ucm_blend_ratio"] = ratio
+        if selection is not None:
+            kv["ucm_blend_selection"] = selection
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args={"kv_transfer_params": kv})
 
     def build(self, example: QAExample) -> ChunkedPrompt:
@@ -240,7 +281,8 @@ class BlendEvaluator:
     def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict]:
         """(answer text, TTFT in s, TTFT source, connector report, counter deltas) of one request alone."""
         prompt = {"prompt_token_ids": chunked.token_ids, "cache_salt": f"{mode.name}-{uuid.uuid4().hex}"}
-        params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
+        params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
+                             selection=mode.selection)
         before = self.counters()
         out = self.llm.generate([prompt], params, use_tqdm=False)[0]
         after = self.counters()
@@ -252,7 +294,8 @@ class BlendEvaluator:
         # keeps it as cold as the first one.
         self.wall_fallbacks += 1
         prompt["cache_salt"] = f"{mode.name}-ttft-{uuid.uuid4().hex}"
-        one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full)
+        one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
+                          selection=mode.selection)
         start = time.perf_counter()
         self.llm.generate([prompt], one, use_tqdm=False)
         return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out), deltas
@@ -353,6 +396,7 @@ def report_of(out) -> dict:
 class ModeSummary:
     mode: str
     ratio: float | None
+    selection: str | None
     n: int
     mean_ttft_s: float
     median_ttft_s: float
@@ -403,7 +447,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             return sum(x.counters.get(key, 0) for x in rows)
 
         out.append(ModeSummary(
-            mode=mode.name, ratio=mode.ratio, n=len(rows),
+            mode=mode.name, ratio=mode.ratio, selection=mode.selection, n=len(rows),
             mean_ttft_s=statistics.mean(ttfts), median_ttft_s=median,
             speedup=(full_median / median) if full_median and median > 0 else None,
             f1_gold=statistics.mean(x.f1_gold for x in rows),
@@ -473,6 +517,8 @@ TABLE_NOTES = (
     "TTFT: vLLM's first_token_latency, one request at a time; speed-up = median full-prefill TTFT / median TTFT.\n"
     "F1 gold: answer F1 against the data set's answers; F1 vs full / agree: the mode's answer against the\n"
     "full-prefill answer of the same question (token F1 / same normalised short answer).\n"
+    "Modes: 'blend R' recomputes the share R of the loaded tokens ranked by the question's attention x\n"
+    "deviation (selection 'query'), 'hkvd R' ranked by deviation alone (CacheBlend's rule); full reuse = 0.\n"
     "Cache table: blended, chunk hit blocks / tokens, dumped blocks: totals of the connector's per-request\n"
     "reports (kv_transfer_params['ucm']); recomputed tok (share of the loaded chunk tokens), loaded MB, load\n"
     "ms/req: the connector's statistics counters (vLLM's KV connector stats, vllm:ucm_*) during the requests."

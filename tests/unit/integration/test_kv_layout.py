@@ -112,7 +112,8 @@ def test_cpu_gather_reads_what_vllm_wrote(cpu_op, block_size, dtype):
     k, v = _rand((n, H, D), dtype, gen), _rand((n, H, D), dtype, gen)
     _vllm_write(cpu_op, cache, slots, k, v, _isa(block_size))
 
-    layout = layout_for(cache, "CPU_ATTN", block_size, H, D)
+    # The ISA the cache was written with: a host with AMX would pick "amx" for bf16 (refused).
+    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=_isa(block_size))
     assert isinstance(layout, CpuKVLayout)
     kg, vg = layout.gather(cache, slots)
     assert kg.dtype == dtype and kg.shape == (n, H, D) and kg.is_contiguous() and vg.is_contiguous()
@@ -150,7 +151,7 @@ def test_cpu_request_with_partial_last_block(cpu_op, block_size, dtype):
     k, v = _rand((len(slots), H, D), dtype, gen), _rand((len(slots), H, D), dtype, gen)
     _vllm_write(cpu_op, cache, slots, k, v, _isa(block_size))
 
-    layout = CpuKVLayout(block_size, H, D)
+    layout = CpuKVLayout(block_size, H, D, isa=_isa(block_size))
     kg, vg = layout.gather(cache, slots)
     assert torch.equal(kg, k) and torch.equal(vg, v)
     # A sub-range of positions (e.g. one chunk) straight from the positions.
@@ -164,7 +165,7 @@ def test_cpu_blocks(cpu_op, block_size, dtype):
     gen = torch.Generator().manual_seed(5)
     nb = 6
     cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
-    layout = layout_for(cache, "CPU_ATTN", block_size, H, D)
+    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=_isa(block_size))
     ids = torch.tensor([4, 1, 3])
 
     kb, vb = layout.gather_blocks(cache, ids)
@@ -205,6 +206,10 @@ def test_cpu_default_isa_follows_vllm():
     expected = _get_attn_isa(torch.float32, 128, D)
     assert layout_for(torch.zeros(1, H, 128, 2 * D), "CPU_ATTN", 128, H, D).isa == expected
     assert CpuKVLayout(16, H, D, dtype=torch.float32).isa == "vec16"
+    # bfloat16 on a host with AMX: vLLM packs the cache in VNNI tiles, which the layout refuses.
+    if _get_attn_isa(torch.bfloat16, 128, D) == "amx":
+        with pytest.raises(NotImplementedError, match="float32 or float16"):
+            layout_for(torch.zeros(1, H, 128, 2 * D, dtype=torch.bfloat16), "CPU_ATTN", 128, H, D)
 
 
 def test_cpu_rejects_noncontiguous_and_quantized_caches():

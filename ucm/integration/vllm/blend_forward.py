@@ -1,11 +1,13 @@
 """Blend's single forward pass over a decoder stack (Llama, Mistral, Qwen2, Qwen3 layouts).
 
-Layers up to the check layer run on every scheduled token. There, the fresh K of the tokens
-whose KV was loaded is compared with the loaded, position-shifted K; the top `ratio` of them
-by deviation (HKVD), every token whose KV was not loaded (cache misses, the suffix, tokens of
-other requests) and each request's last token go on through the remaining layers. The others
-keep their loaded KV. Attention of the selected tokens is exactly causal over the request's
-whole KV through pseudo-requests (see sparse_attention.py).
+Layers up to the check layer run on every scheduled token. There, the fresh V of the tokens whose
+KV was loaded is compared with the loaded V. With the "query" selection (default), the rows after
+a request's chunks (its question) first run the later layers over the loaded KV, and each loaded
+token is scored by the attention those rows pay it times its deviation (query_probe.py); with
+"hkvd", by the deviation alone. The top `ratio` of the loaded tokens, every token whose KV was not
+loaded (cache misses, the suffix, tokens of other requests) and each request's last token go on
+through the remaining layers; the others keep their loaded KV. Attention of the selected tokens is
+exactly causal over the request's whole KV through pseudo-requests (see sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from ucm.integration.vllm.sparse_attention import subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
+from ucm.sparse.blend.query_probe import attention_mass, probe_query_mask, query_weighted_score
 from ucm.sparse.blend.runs import pseudo_request_metadata
 
 logger = logging.getLogger(__name__)
@@ -49,13 +52,30 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     row[slot_mapping < 0] = -1
     loaded = row >= 0
 
-    fresh_k, _ = step.layout.gather(step.check_cache, slot_mapping[loaded])
+    # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
+    # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
+    _, fresh_v = step.layout.gather(step.caches[step.check_layer], slot_mapping[loaded])
     deviation = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    deviation[loaded] = token_deviation(fresh_k, step.check_k[row[loaded]])
+    deviation[loaded] = token_deviation(fresh_v, step.check_v[row[loaded]])
     all_reduce = tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
+    if all_reduce is not None:
+        deviation = all_reduce(deviation)
     ratios = torch.zeros(num_reqs, dtype=torch.float32, device=hidden.device)
     ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
-    hkvd = select_hkvd(deviation, loaded, segment, ratios, all_reduce=all_reduce, num_segments=num_reqs)
+    wants_probe = torch.zeros(num_reqs, dtype=torch.bool, device=hidden.device)
+    wants_probe[segment[loaded][step.query_select[row[loaded]]]] = True
+    wants_probe &= (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
+    queries = probe_query_mask(loaded, segment, num_reqs) & wants_probe[segment]
+    score = deviation
+    if bool(queries.any()):
+        probed = torch.zeros(num_reqs, dtype=torch.bool, device=hidden.device)
+        probed[segment[queries]] = True
+        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions[:n],
+                                     ~loaded & probed[segment], queries, segment)
+        if all_reduce is not None:
+            mass = all_reduce(mass)
+        score = query_weighted_score(mass, deviation, probed[segment])
+    hkvd = select_hkvd(score, loaded, segment, ratios, num_segments=num_reqs)
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
@@ -66,20 +86,85 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n,
                  step.check_layer, pseudo.num_runs)
     idx = pseudo.token_indices
+    h, r = _run_subset(layers[step.check_layer + 1:], fc, meta, layer_names, pseudo, slot_mapping, hidden, residual,
+                       positions)
+    hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
+    residual[idx] = r
+    hidden, _ = model.norm(hidden, residual)
+    return hidden
+
+
+def _run_subset(layers, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions):
+    """Runs `layers` on the rows of `pseudo` only, attention exactly causal over the paged KV.
+
+    Returns new (hidden, residual) rows; the rows are gathered as copies, so the caller's tensors
+    are untouched. The KV of these rows is written into the cache as each layer runs.
+    """
+    idx = pseudo.token_indices
     attn_layer = fc.no_compile_layers[layer_names[0]]
-    sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(fc.slot_mapping[layer_names[0]].dtype),
-                          attn_layer, hidden.dtype)
+    dtype = fc.slot_mapping[layer_names[0]].dtype
+    sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(dtype), attn_layer, hidden.dtype)
     saved_meta, saved_slots = fc.attn_metadata, fc.slot_mapping
     fc.attn_metadata = {name: sub for name in layer_names}
     fc.slot_mapping = {name: sub.slot_mapping for name in layer_names}
     try:
         h, r = hidden[idx], residual[idx]
         sel_positions = positions[idx]
-        for layer in layers[step.check_layer + 1:]:
+        for layer in layers:
             h, r = layer(sel_positions, h, r)
     finally:
         fc.attn_metadata, fc.slot_mapping = saved_meta, saved_slots
-    hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
-    residual[idx] = r
-    hidden, _ = model.norm(hidden, residual)
-    return hidden
+    return h, r
+
+
+def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden, residual, positions, run_rows,
+                          queries, segment) -> torch.Tensor:
+    """Attention mass the question rows give each row of the batch, over the layers after the check layer.
+
+    `run_rows` (every row without loaded KV of the probed requests) go through those layers over
+    the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows are captured at
+    each attention layer and scored against the request's whole K (prefix included) read back
+    from the paged cache. The KV these rows write is rewritten by the main pass, which computes
+    every row without loaded KV.
+    """
+    n = positions.shape[0]
+    slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
+    pseudo = pseudo_request_metadata(run_rows, segment, positions.long())
+    step.stats.add("probe_tokens", pseudo.num_tokens)
+    probe_layers = range(step.check_layer + 1, len(layer_names))
+    captured: dict[int, torch.Tensor] = {}
+    keep = queries[pseudo.token_indices]  # which probe-pass rows are queries
+
+    def capture(index):
+        def hook(module, args, kwargs):
+            query = args[0] if args else kwargs["query"]
+            captured[index] = query[keep].reshape(int(keep.sum()), module.num_heads, module.head_size)
+        return hook
+
+    attns = [fc.no_compile_layers[layer_names[i]] for i in probe_layers]
+    hooks = [a.register_forward_pre_hook(capture(i), with_kwargs=True) for i, a in zip(probe_layers, attns)]
+    try:
+        _run_subset(model.layers[step.check_layer + 1:], fc, meta, layer_names, pseudo, slot_mapping, hidden,
+                    residual, positions)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+    mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    qsl = meta.query_start_loc.long()
+    q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
+    q_seg = segment[q_rows]
+    block_size = step.layout.kernel_block_size
+    for req in torch.unique(q_seg).tolist():
+        mine = q_seg == req
+        q_pos = positions[q_rows[mine]].long()
+        key_pos = torch.arange(int(q_pos.max()) + 1, device=hidden.device)
+        slots = meta.block_table[req].long()[key_pos // block_size] * block_size + key_pos % block_size
+        req_mass = torch.zeros(key_pos.shape[0], dtype=torch.float32, device=hidden.device)
+        for i, attn in zip(probe_layers, attns):
+            k, _ = step.layout.gather(step.caches[i], slots)
+            req_mass += attention_mass(captured[i][mine], k, q_pos, attn.impl.scale)
+        first, last = int(qsl[req]), int(qsl[req + 1])
+        start = int(positions[first])
+        mass[first:last] = req_mass[start:start + last - first]
+    return mass

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from ucm.config import QUERY_SELECTION
+
 
 @dataclass
 class BlockLoad:
@@ -44,6 +46,7 @@ class RequestStep:
     chunk_loads: list[BlockLoad] = field(default_factory=list)  # chunk KV under scheduled tokens
     dumps: list[BlockDump] = field(default_factory=list)
     ratio: float = 0.0  # HKVD share recomputed after the check layer (config or per-request override)
+    selection: str = QUERY_SELECTION  # how the recomputed share is ranked (config or per-request override)
 
     @property
     def blending(self) -> bool:

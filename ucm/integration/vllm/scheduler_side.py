@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ucm.config import BLEND_SELECTIONS
 from ucm.integration.vllm.metadata import BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
@@ -38,6 +39,8 @@ CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
 DISABLE_BLEND_PARAM = "ucm_disable_blend"
 # Per-request HKVD ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
 RATIO_PARAM = "ucm_blend_ratio"
+# Per-request selection rule ("query" or "hkvd"), overriding compute_meta's.
+SELECTION_PARAM = "ucm_blend_selection"
 # Key of the per-request report in RequestOutput.kv_transfer_params.
 REPORT_KEY = "ucm"
 # How long a submitted dump counts as stored before the store itself confirms it.
@@ -56,6 +59,7 @@ class _RequestState:
     num_external: int = 0
     blend_this_step: bool = False
     ratio: float | None = None
+    selection: str | None = None
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
@@ -201,6 +205,7 @@ class SchedulerSide:
             "chunk_hit_tokens": plan.num_loaded_tokens if plan else 0,
             "blended": state.blend_this_step,
             "ratio": state.ratio,
+            "selection": state.selection,
             "dumped_blocks": state.num_dumped,
         }}
 
@@ -222,6 +227,7 @@ class SchedulerSide:
             if whole and plan.prefix_tokens == num_computed:
                 state.blend_this_step = True
                 step.ratio = state.ratio = self._ratio(state.request)
+                step.selection = state.selection = self._selection(state.request)
                 self.stats.add("blended_requests")
                 self.stats.add("chunk_hit_tokens", plan.num_loaded_tokens)
                 for blk in plan.loaded:
@@ -242,6 +248,14 @@ class SchedulerSide:
                            request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
             return self.blend.ratio
         return float(ratio)
+
+    def _selection(self, request: Request) -> str:
+        selection = (request.kv_transfer_params or {}).get(SELECTION_PARAM, self.blend.selection)
+        if selection not in BLEND_SELECTIONS:
+            logger.warning("request %s: %s must be one of %s, got %r; using %r", request.request_id, SELECTION_PARAM,
+                           ", ".join(BLEND_SELECTIONS), selection, self.blend.selection)
+            return self.blend.selection
+        return selection
 
     def _dump_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)

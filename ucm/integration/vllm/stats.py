@@ -31,6 +31,7 @@ COUNTERS: dict[str, str] = {
     "dump_bytes": "Bytes handed to the store",
     "recomputed_tokens": "Loaded chunk tokens recomputed after the check layer (HKVD)",
     "reused_tokens": "Loaded chunk tokens that kept their loaded KV after the check layer",
+    "probe_tokens": "Tokens run an extra time through the layers after the check layer to rank the loaded tokens",
 }
 
 

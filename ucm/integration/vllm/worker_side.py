@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
+from ucm.config import QUERY_SELECTION
 from ucm.integration.vllm.metadata import BlockDump, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
@@ -41,11 +42,12 @@ class BlendStep:
     """What the Blend forward of this step needs from the loads (handed over once, then cleared)."""
 
     loaded_slots: torch.Tensor  # [n] slots whose KV (layers after the check layer) was loaded
-    check_k: torch.Tensor  # [n, kv_heads, head_size] loaded, shifted K of the check layer
+    check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
     ratios: torch.Tensor  # [n] float32: HKVD ratio of the request each loaded slot belongs to
+    query_select: torch.Tensor  # [n] bool: that request ranks by query attention x deviation
     check_layer: int
     layout: KVLayout
-    check_cache: torch.Tensor  # the check layer's paged KV cache, holding fresh K after that layer ran
+    caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
     stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
 
 
@@ -152,7 +154,7 @@ class WorkerSide:
                 self.stats.add("failed_blocks")
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
 
-        rows, slots, deltas, ratios, offset = [], [], [], [], 0
+        rows, slots, deltas, ratios, query, offset = [], [], [], [], [], 0
         for (req, ld), buf, good in zip(chunks, destinations, ok):
             n = ld.num_tokens - ld.skip
             if good:  # a failed chunk block is simply not loaded: its tokens are computed
@@ -162,6 +164,7 @@ class WorkerSide:
                 slots.append(self._slots(req, ld.start + ld.skip, n))
                 deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
                 ratios.append(torch.full((n,), req.ratio, dtype=torch.float32))
+                query.append(torch.full((n,), req.selection == QUERY_SELECTION, dtype=torch.bool))
                 self._count_load(buf)
             else:
                 self.stats.add("failed_blocks")
@@ -169,9 +172,10 @@ class WorkerSide:
         if rows:
             loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
             slot_t = torch.cat(slots).to(self._device)
-            check_k = self._place_chunks(loaded, slot_t, torch.cat(deltas))
-            self._blend_step = BlendStep(slot_t, check_k, torch.cat(ratios).to(self._device), self.check_layer,
-                                         self.layout, self.caches[self.check_layer], self.stats)
+            check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
+            self._blend_step = BlendStep(slot_t, check_v, torch.cat(ratios).to(self._device),
+                                         torch.cat(query).to(self._device), self.check_layer, self.layout,
+                                         self.caches, self.stats)
         elapsed = time.perf_counter() - start
         self.stats.add("load_ms", 1000.0 * elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
@@ -187,18 +191,21 @@ class WorkerSide:
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
     def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Write the layers after the check layer, K shifted; return the check layer's shifted K.
+        """Write the layers after the check layer, K shifted; return the check layer's loaded V.
 
         `kv` is [tokens, layers, 2, H, D]. The forward recomputes every layer up to the check
         layer for all scheduled tokens, so only later layers need loaded KV; the check layer's
-        K is kept aside for the deviation test because the forward overwrites it in the cache.
+        V is kept aside for the deviation test because the forward overwrites it in the cache.
         All layers are shifted in one rotation, then scattered once per layer.
         """
         assert self.layout is not None and self.check_layer is not None
-        k = self._shift_keys(kv[:, self.check_layer:, 0], delta)  # [tokens, layers - check, H, D]
-        for i, layer in enumerate(range(self.check_layer + 1, len(self.caches)), start=1):
-            self.layout.scatter(self.caches[layer], slots, k[:, i].to(self._device), kv[:, layer, 1].to(self._device))
-        return k[:, 0].to(self._device)
+        first = self.check_layer + 1
+        if first < len(self.caches):
+            k = self._shift_keys(kv[:, first:, 0], delta)  # [tokens, layers after the check layer, H, D]
+            for i, layer in enumerate(range(first, len(self.caches))):
+                self.layout.scatter(self.caches[layer], slots, k[:, i].to(self._device),
+                                    kv[:, layer, 1].to(self._device))
+        return kv[:, self.check_layer, 1].to(self._device, copy=True)
 
     def _shift_keys(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, as a new tensor.

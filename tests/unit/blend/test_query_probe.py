@@ -1,0 +1,74 @@
+import math
+
+import pytest
+import torch
+
+from ucm.sparse.blend.query_probe import attention_mass, probe_query_mask, query_weighted_score
+
+
+def dense_mass(q, k, q_pos, scale):
+    """Reference: per-head softmax over visible keys, summed over heads and queries."""
+    group = q.shape[1] // k.shape[1]
+    kk = k.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("mhd,nhd->hmn", q.float(), kk) * scale
+    visible = torch.arange(k.shape[0])[None, :] <= q_pos[:, None]
+    probs = scores.masked_fill(~visible[None], float("-inf")).softmax(-1)
+    return probs.sum(dim=(0, 1))
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,chunk", [(4, 4, 32), (9, 3, 2), (6, 2, 5)])
+def test_attention_mass_matches_dense_reference(q_heads, kv_heads, chunk):
+    g = torch.Generator().manual_seed(q_heads * 10 + kv_heads)
+    d, num_keys = 16, 40
+    q = torch.randn(7, q_heads, d, generator=g)
+    k = torch.randn(num_keys, kv_heads, d, generator=g)
+    q_pos = torch.tensor([5, 17, 18, 30, 37, 38, 39])
+    scale = 1 / math.sqrt(d)
+    got = attention_mass(q, k, q_pos, scale, query_chunk=chunk)
+    torch.testing.assert_close(got, dense_mass(q, k, q_pos, scale), rtol=1e-5, atol=1e-5)
+    # Each (query, head) distributes exactly one unit of probability.
+    assert got.sum().item() == pytest.approx(7 * q_heads, rel=1e-5)
+    # Causal: nothing lands after the last query's position.
+    assert got[40:].numel() == 0 and got[:40].min() >= 0
+
+
+def test_attention_mass_is_causal_per_query():
+    d = 8
+    q = torch.randn(1, 2, d)
+    k = torch.randn(10, 1, d)
+    got = attention_mass(q, k, torch.tensor([3]), 1.0)
+    assert torch.all(got[4:] == 0)
+    assert got[:4].sum().item() == pytest.approx(2.0, rel=1e-5)
+
+
+def test_attention_mass_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        attention_mass(torch.randn(2, 3, 8), torch.randn(5, 2, 8), torch.tensor([1, 2]), 1.0)
+    with pytest.raises(ValueError, match="needs keys up to it"):
+        attention_mass(torch.randn(2, 2, 8), torch.randn(5, 1, 8), torch.tensor([1, 5]), 1.0)
+    with pytest.raises(ValueError, match="q_pos"):
+        attention_mass(torch.randn(2, 2, 8), torch.randn(5, 1, 8), torch.tensor([1]), 1.0)
+
+
+def test_probe_query_mask_picks_rows_after_last_loaded_row():
+    # request 0: loaded, loaded, miss, loaded, q, q, q | request 1: no loaded rows | request 2: ends loaded
+    loaded = torch.tensor([1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1], dtype=torch.bool)
+    seg = torch.tensor([0] * 7 + [1] * 2 + [2] * 2)
+    got = probe_query_mask(loaded, seg, 3)
+    assert got.nonzero().flatten().tolist() == [4, 5, 6]
+    capped = probe_query_mask(loaded, seg, 3, max_queries=2)
+    assert capped.nonzero().flatten().tolist() == [5, 6]  # the last rows, next to the answer
+
+
+def test_probe_query_mask_rejects_bad_input():
+    with pytest.raises(ValueError, match="bool"):
+        probe_query_mask(torch.tensor([1, 0]), torch.tensor([0, 0]), 1)
+    with pytest.raises(ValueError, match="max_queries"):
+        probe_query_mask(torch.tensor([True, False]), torch.tensor([0, 0]), 1, max_queries=0)
+
+
+def test_query_weighted_score_falls_back_to_deviation_where_not_probed():
+    mass = torch.tensor([0.5, 2.0, 0.0, 0.0])
+    dev = torch.tensor([4.0, 1.0, 3.0, 5.0])
+    probed = torch.tensor([True, True, False, False])
+    assert query_weighted_score(mass, dev, probed).tolist() == [2.0, 2.0, 3.0, 5.0]

@@ -1,0 +1,89 @@
+"""Query-weighted token selection: which loaded tokens the question actually reads.
+
+HKVD ranks loaded tokens by how much their KV changed at the check layer. On small models the
+deviation that matters is spread thinly over the deep layers and the check layer's ranking
+overlaps it only by chance, so ranking by deviation alone often spends the budget on tokens the
+answer never looks at. The probe fixes the "never looks at" part: the rows that follow the loaded
+chunks (the question) run through the layers after the check layer over the loaded KV, and each
+loaded token is scored by the attention probability those rows give it (summed over layers,
+heads and rows) times its check-layer V deviation. Only the question's rows are computed twice;
+the rest of the step is unchanged.
+
+Measured on SmolLM2-135M at ratio 0.15 (see README, Results): answer agreement with full prefill
+rose from 60% (HKVD on K) to 90% on the generated set, and KL to the full-prefill next-token
+distribution fell by half on both the generated set and MuSiQue.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["attention_mass", "probe_query_mask", "query_weighted_score"]
+
+# Question rows whose attention is summed, per request (the last ones: they sit next to the answer).
+MAX_PROBE_QUERIES = 128
+
+
+def attention_mass(
+    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float, query_chunk: int = 32
+) -> torch.Tensor:
+    """Attention probability each key receives, summed over queries and heads: ``[num_keys]`` float32.
+
+    ``q`` is ``[m, q_heads, d]`` (after RoPE), ``k`` ``[num_keys, kv_heads, d]`` holding the
+    request's positions ``0 .. num_keys - 1``; query i sees key j iff ``j <= q_pos[i]`` (GQA when
+    q_heads is a multiple of kv_heads). Queries go in chunks to bound the ``[heads, chunk, keys]``
+    score buffer. Sums rather than means, so partial sums over tensor-parallel head shards add up.
+    """
+    m, hq, d = q.shape
+    num_keys, hkv, dk = k.shape
+    if dk != d or hq % hkv:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: head sizes must match and "
+                         "q_heads must be a multiple of kv_heads")
+    if q_pos.shape != (m,):
+        raise ValueError(f"q_pos must be [{m}], got {tuple(q_pos.shape)}")
+    if m and int(q_pos.max()) >= num_keys:
+        raise ValueError(f"a query at position {int(q_pos.max())} needs keys up to it; got {num_keys}")
+    group = hq // hkv
+    kf = k.float().transpose(0, 1)  # [hkv, keys, d]
+    key_pos = torch.arange(num_keys, device=k.device)
+    mass = torch.zeros(num_keys, dtype=torch.float32, device=k.device)
+    for s in range(0, m, query_chunk):
+        qc = q[s:s + query_chunk].float()
+        c = qc.shape[0]
+        qg = qc.view(c, hkv, group, d).permute(1, 0, 2, 3).reshape(hkv, c * group, d)  # [hkv, c*group, d]
+        scores = torch.bmm(qg, kf.transpose(1, 2)).mul_(scale).view(hkv, c, group, num_keys)
+        hidden = key_pos[None, :] > q_pos[s:s + c, None].to(k.device)  # [c, keys]
+        scores.masked_fill_(hidden[None, :, None, :], float("-inf"))
+        mass += scores.softmax(dim=-1).sum(dim=(0, 1, 2))
+    return mass
+
+
+def probe_query_mask(
+    loaded: torch.Tensor, segment_ids: torch.Tensor, num_segments: int, max_queries: int = MAX_PROBE_QUERIES
+) -> torch.Tensor:
+    """Rows whose attention scores the loaded tokens: per request, the rows after its last loaded
+    row (its question), at most the last ``max_queries`` of them. ``[n]`` bool.
+
+    Rows of a request are contiguous and in position order (vLLM's batch layout); a request with
+    no loaded row, or whose last row is loaded, gets none.
+    """
+    n = loaded.shape[0]
+    if loaded.dtype != torch.bool or segment_ids.shape != (n,):
+        raise ValueError("loaded must be a [n] bool tensor and segment_ids [n]")
+    if max_queries < 1:
+        raise ValueError(f"max_queries must be positive, got {max_queries}")
+    device = loaded.device
+    idx = torch.arange(n, device=device)
+    seg = segment_ids.to(device=device, dtype=torch.long)
+    last_loaded = torch.full((num_segments,), -1, dtype=torch.long, device=device)
+    last_loaded.scatter_reduce_(0, seg[loaded], idx[loaded], reduce="amax")
+    last_row = torch.full((num_segments,), -1, dtype=torch.long, device=device)
+    last_row.scatter_reduce_(0, seg, idx, reduce="amax")
+    after = (last_loaded[seg] >= 0) & (idx > last_loaded[seg])
+    return after & (idx > last_row[seg] - max_queries)
+
+
+def query_weighted_score(mass: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor) -> torch.Tensor:
+    """The selection score: ``mass * deviation`` where the request was probed, ``deviation`` alone
+    where it was not (no question rows after its chunks)."""
+    return torch.where(probed, mass * deviation, deviation)

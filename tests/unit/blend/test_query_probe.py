@@ -56,8 +56,18 @@ def test_probe_query_mask_picks_rows_after_last_loaded_row():
     seg = torch.tensor([0] * 7 + [1] * 2 + [2] * 2)
     got = probe_query_mask(loaded, seg, 3)
     assert got.nonzero().flatten().tolist() == [4, 5, 6]
-    capped = probe_query_mask(loaded, seg, 3, max_queries=2)
-    assert capped.nonzero().flatten().tolist() == [5, 6]  # the last rows, next to the answer
+    five_loaded = torch.tensor([1, 1, 1, 1, 1, 0, 0, 0], dtype=torch.bool)
+    capped = probe_query_mask(five_loaded, torch.zeros(8, dtype=torch.long), 1, max_queries=2)
+    assert capped.nonzero().flatten().tolist() == [6, 7]  # the last rows, next to the answer
+
+
+def test_probe_query_mask_skips_requests_whose_uncached_rows_outnumber_the_loaded():
+    # request 0: 2 loaded rows then 5 new rows; request 1: 5 loaded rows then 5 new rows.
+    loaded = torch.tensor([1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bool)
+    seg = torch.tensor([0] * 7 + [1] * 10)
+    got = probe_query_mask(loaded, seg, 2, max_queries=3)
+    assert got.nonzero().flatten().tolist() == [14, 15, 16]  # request 0: 5 new rows > max(3, 2 loaded)
+    assert probe_query_mask(loaded, seg, 2, max_queries=5)[2:7].all()  # 5 <= max(5, 2): probed
 
 
 def test_probe_query_mask_rejects_bad_input():

@@ -37,7 +37,7 @@ CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
 # Per-request opt-out of chunk reuse: the request is computed in full (its chunks are still stored,
 # and it is still prefix-cached and offloaded).
 DISABLE_BLEND_PARAM = "ucm_disable_blend"
-# Per-request HKVD ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
+# Per-request recompute ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
 RATIO_PARAM = "ucm_blend_ratio"
 # Per-request selection rule ("query" or "hkvd"), overriding compute_meta's.
 SELECTION_PARAM = "ucm_blend_selection"

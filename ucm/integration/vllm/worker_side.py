@@ -43,7 +43,7 @@ class BlendStep:
 
     loaded_slots: torch.Tensor  # [n] slots whose KV (layers after the check layer) was loaded
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
-    ratios: torch.Tensor  # [n] float32: HKVD ratio of the request each loaded slot belongs to
+    ratios: torch.Tensor  # [n] float32: recompute ratio of the request each loaded slot belongs to
     query_select: torch.Tensor  # [n] bool: that request ranks by query attention x deviation
     check_layer: int
     layout: KVLayout

@@ -1,11 +1,12 @@
 """High-KV-deviation (HKVD) token selection, CacheBlend's recompute rule.
 
-At the check layer the freshly computed K of every prompt token is compared
-with the loaded (delta-RoPE shifted) K. Tokens whose stored KV deviates most
-are the ones whose cross-chunk attention matters, so only the top ``ratio`` of
-each request's cache-hit chunk tokens is recomputed in later layers; everything
-that has no stored KV (cache misses, the suffix, requests not blending) is
-always computed.
+At the check layer the freshly computed KV of every prompt token is compared
+with the loaded KV (the integration compares V, as CacheBlend's own kernels
+do). Tokens whose stored KV deviates most are the ones whose cross-chunk
+attention matters, so only the top ``ratio`` of each request's cache-hit chunk
+tokens is recomputed in later layers; everything that has no stored KV (cache
+misses, the suffix, requests not blending) is always computed. The ranking
+score may also be weighted by the question's attention (query_probe.py).
 
 Batch layout: a flat token axis holding requests back to back, each token
 tagged with ``segment_ids`` (its request's index in the batch, 0-based).
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-def token_deviation(fresh_k: torch.Tensor, loaded_k: torch.Tensor) -> torch.Tensor:
+def token_deviation(fresh_k: torch.Tensor, loaded_k: torch.Tensor) -> torch.Tensor:  # K or V
     """Per-token squared L2 distance over heads and dims, ``[n]`` float32.
 
     Squared (not plain) L2 so that per-rank partial sums over a tensor-parallel

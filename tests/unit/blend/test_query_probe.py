@@ -81,4 +81,6 @@ def test_query_weighted_score_falls_back_to_deviation_where_not_probed():
     mass = torch.tensor([0.5, 2.0, 0.0, 0.0])
     dev = torch.tensor([4.0, 1.0, 3.0, 5.0])
     probed = torch.tensor([True, True, False, False])
-    assert query_weighted_score(mass, dev, probed).tolist() == [2.0, 2.0, 3.0, 5.0]
+    positions = torch.tensor([0, 3, 4, 5])
+    # probed: mass * deviation per unit of attention cost (position + 1)
+    assert query_weighted_score(mass, dev, probed, positions).tolist() == [2.0, 0.5, 3.0, 5.0]

@@ -74,7 +74,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
                                      ~loaded & probed[segment], queries, segment)
         if all_reduce is not None:
             mass = all_reduce(mass)
-        score = query_weighted_score(mass, deviation, probed[segment])
+        score = query_weighted_score(mass, deviation, probed[segment], positions[:n])
     hkvd = select_hkvd(score, loaded, segment, ratios, num_segments=num_reqs)
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)

@@ -38,11 +38,13 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
 
 @pytest.mark.parametrize("selection", ["query", "hkvd"])
 def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection):
-    """Reloading a prompt's own KV at its own positions is exact, so recomputing any scattered
-    30% of its tokens must reproduce full prefill: this checks the causal masking of the
-    scattered runs, the delta-RoPE round trip and that the query probe pass (which writes the
-    question's KV over the loaded KV first) leaves nothing behind. A cache salt keeps vLLM's
-    prefix cache out."""
+    """Reloading a prompt's own KV at its own positions is exact, so recomputing any 30% of its
+    tokens must reproduce full prefill: this checks the delta-RoPE round trip, the subset pass's
+    KV writes and that the query probe pass (which writes the question's KV over the loaded KV
+    first) leaves nothing behind. Exact KV deviates nowhere, so the selection here is one run;
+    the masking of scattered rows is checked against vLLM's kernel in
+    tests/unit/integration/test_sparse_attention.py and by the mixed batch's decode rows. A cache
+    salt keeps vLLM's prefix cache out."""
     a, _ = prompts(blend_llm, seed=102)
     run(blend_llm, a)
     again = run(blend_llm, a, cache_salt=f"fresh-{selection}", ratio=0.3, selection=selection)

@@ -362,3 +362,18 @@ def test_backend_names_are_vllms():
 
     assert CpuKVLayout.backend_name == CPUAttentionBackend.get_name()
     assert FlashKVLayout.backend_name == FlashAttentionBackend.get_name()
+
+
+@pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN"])
+def test_gather_pages_head_major(backend):
+    """The attention operands: K transposed [H, D, n] and V [H, n, D] of kernel blocks, in order."""
+    gen = torch.Generator().manual_seed(11)
+    cache = _rand((5, H, 16, 2 * D), torch.float32, gen)
+    # Manager blocks of 32 tokens = two 16-token kernel blocks: the method takes kernel block ids.
+    layout = layout_for(cache, backend, 32, H, D, **({"isa": "vec16"} if backend == "CPU_ATTN" else {}))
+    kernel_blocks = torch.tensor([3, 0, 4])
+    k, v = layout.gather(cache, (kernel_blocks[:, None] * 16 + torch.arange(16)).flatten())
+    k_t, vh = layout.gather_pages_head_major(cache, kernel_blocks)
+    assert torch.equal(k_t, k.permute(1, 2, 0)) and torch.equal(vh, v.transpose(0, 1))
+    k_t, vh = layout.gather_pages_head_major(cache, torch.empty(0, dtype=torch.long))
+    assert k_t.shape == (H, D, 0) and vh.shape == (H, 0, D)

@@ -1,13 +1,14 @@
 """Blend's single forward pass over a decoder stack (Llama, Mistral, Qwen2, Qwen3 layouts).
 
-Layers up to the check layer run on every scheduled token. There, the fresh V of the tokens whose
-KV was loaded is compared with the loaded V. With the "query" selection (default), the rows after
-a request's chunks (its question) first run the later layers over the loaded KV, and each loaded
-token is scored by the attention those rows pay it times its deviation (query_probe.py); with
-"hkvd", by the deviation alone. The top `ratio` of the loaded tokens, every token whose KV was not
-loaded (cache misses, the suffix, tokens of other requests) and each request's last token go on
-through the remaining layers; the others keep their loaded KV. Attention of the selected tokens is
-exactly causal over the request's whole KV through pseudo-requests (see sparse_attention.py).
+Layers before the check layer run on every scheduled token. The fresh V of the tokens whose KV was
+loaded is then taken from the check layer's norm and projection and compared with the loaded V.
+With the "query" selection (default), the rows after a request's chunks (its question) first run
+the check layer and the later layers over the loaded KV, and each loaded token is scored by the
+attention those rows pay it times its deviation (query_probe.py); with "hkvd", by the deviation
+alone. The top `ratio` of the loaded tokens, every token whose KV was not loaded (cache misses,
+the suffix, tokens of other requests) and each request's last token go on through the check layer
+and the remaining layers; the others keep their loaded KV from the check layer on. Attention of
+the selected tokens is exactly causal over the request's whole KV (see sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 
 import torch
 
-from ucm.integration.vllm.sparse_attention import subset_metadata
+from ucm.integration.vllm.sparse_attention import subset_attention, subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
 from ucm.sparse.blend.query_probe import attention_mass, probe_query_mask, query_weighted_score
@@ -36,8 +37,10 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
     residual = None
     layers = model.layers
-    for layer in layers[: step.check_layer + 1]:
+    for layer in layers[: step.check_layer]:
         hidden, residual = layer(positions, hidden, residual)
+    # `hidden`, `residual` now enter the check layer. The check layer itself runs only on the rows
+    # that go on (below): the others keep their loaded KV from it on.
 
     slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
     qsl = meta.query_start_loc.long()
@@ -54,7 +57,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
 
     # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
     # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
-    _, fresh_v = step.layout.gather(step.caches[step.check_layer], slot_mapping[loaded])
+    fresh_v = _check_layer_v(layers[step.check_layer], hidden[loaded], None if residual is None else residual[loaded])
     deviation = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     deviation[loaded] = token_deviation(fresh_v, step.check_v[row[loaded]])
     all_reduce = tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
@@ -86,35 +89,52 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n,
                  step.check_layer, pseudo.num_runs)
     idx = pseudo.token_indices
-    h, r = _run_subset(layers[step.check_layer + 1:], fc, meta, layer_names, pseudo, slot_mapping, hidden, residual,
-                       positions)
+    h, r = _run_subset(layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping, hidden,
+                       residual, positions)
+    if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
+        hidden, residual = hidden.clone(), torch.zeros_like(hidden)
     hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
     residual[idx] = r
     hidden, _ = model.norm(hidden, residual)
     return hidden
 
 
-def _run_subset(layers, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions):
+def _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions):
     """Runs `layers` on the rows of `pseudo` only, attention exactly causal over the paged KV.
 
     Returns new (hidden, residual) rows; the rows are gathered as copies, so the caller's tensors
     are untouched. The KV of these rows is written into the cache as each layer runs.
     """
     idx = pseudo.token_indices
-    attn_layer = fc.no_compile_layers[layer_names[0]]
+    attn_layers = [fc.no_compile_layers[name] for name in layer_names]
     dtype = fc.slot_mapping[layer_names[0]].dtype
-    sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(dtype), attn_layer, hidden.dtype)
+    sel_positions = positions[idx]
+    sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(dtype), attn_layers[0], hidden.dtype,
+                          sel_positions, layout.kernel_block_size)
     saved_meta, saved_slots = fc.attn_metadata, fc.slot_mapping
     fc.attn_metadata = {name: sub for name in layer_names}
     fc.slot_mapping = {name: sub.slot_mapping for name in layer_names}
     try:
-        h, r = hidden[idx], residual[idx]
-        sel_positions = positions[idx]
-        for layer in layers:
-            h, r = layer(sel_positions, h, r)
+        h, r = hidden[idx], None if residual is None else residual[idx]
+        with subset_attention(attn_layers, layout):
+            for layer in layers:
+                h, r = layer(sel_positions, h, r)
     finally:
         fc.attn_metadata, fc.slot_mapping = saved_meta, saved_slots
     return h, r
+
+
+def _check_layer_v(layer, hidden, residual) -> torch.Tensor:
+    """The check layer's fresh V of these rows (``[n, kv_heads, head_dim]``, this rank's heads).
+
+    From the layer's own norm and QKV projection, which is all V takes in the supported
+    architectures (no RoPE, no norm on V): the deviation is known before the layer runs, so its
+    attention and MLP run on the selected rows only. Pass copies: the fused add+norm works in place.
+    """
+    attn = layer.self_attn
+    normed = layer.input_layernorm(hidden) if residual is None else layer.input_layernorm(hidden, residual)[0]
+    qkv, _ = attn.qkv_proj(normed)
+    return qkv[:, attn.q_size + attn.kv_size:].reshape(-1, attn.num_kv_heads, attn.head_dim)
 
 
 def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden, residual, positions, run_rows,
@@ -144,8 +164,8 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     attns = [fc.no_compile_layers[layer_names[i]] for i in probe_layers]
     hooks = [a.register_forward_pre_hook(capture(i), with_kwargs=True) for i, a in zip(probe_layers, attns)]
     try:
-        _run_subset(model.layers[step.check_layer + 1:], fc, meta, layer_names, pseudo, slot_mapping, hidden,
-                    residual, positions)
+        _run_subset(model.layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping,
+                    hidden, residual, positions)
     finally:
         for handle in hooks:
             handle.remove()
@@ -158,12 +178,11 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     for req in torch.unique(q_seg).tolist():
         mine = q_seg == req
         q_pos = positions[q_rows[mine]].long()
-        key_pos = torch.arange(int(q_pos.max()) + 1, device=hidden.device)
-        slots = meta.block_table[req].long()[key_pos // block_size] * block_size + key_pos % block_size
-        req_mass = torch.zeros(key_pos.shape[0], dtype=torch.float32, device=hidden.device)
+        pages = meta.block_table[req, :(int(q_pos.max()) + block_size) // block_size].long()
+        req_mass = torch.zeros(pages.shape[0] * block_size, dtype=torch.float32, device=hidden.device)
         for i, attn in zip(probe_layers, attns):
-            k, _ = step.layout.gather(step.caches[i], slots)
-            req_mass += attention_mass(captured[i][mine], k, q_pos, attn.impl.scale)
+            k_t, _ = step.layout.gather_pages_head_major(step.caches[i], pages)  # whole pages: one copy
+            req_mass += attention_mass(captured[i][mine], k_t.permute(2, 0, 1), q_pos, attn.impl.scale)
         first, last = int(qsl[req]), int(qsl[req + 1])
         start = int(positions[first])
         mass[first:last] = req_mass[start:start + last - first]

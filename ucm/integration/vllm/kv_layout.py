@@ -111,6 +111,20 @@ class KVLayout(ABC):
             return self._empty(kv_cache), self._empty(kv_cache)
         return self._gather_kernel_blocks(kv_cache, kb)
 
+    def gather_pages_head_major(
+        self, kv_cache: torch.Tensor, kernel_block_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K transposed ``[H, D, n]`` and V ``[H, n, D]`` of every token of the kernel blocks
+        ``kernel_block_ids`` (the attention metadata's block-table entries), in order: the
+        operands of a GEMM-based attention."""
+        self._check(kv_cache)
+        kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)
+        if kb.numel() == 0:
+            empty = self._empty(kv_cache)
+            return empty.permute(1, 2, 0), empty.transpose(0, 1)
+        k, v = self._gather_kernel_blocks(kv_cache, kb)
+        return k.permute(1, 2, 0).contiguous(), v.transpose(0, 1).contiguous()
+
     def scatter_blocks(
         self, kv_cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
@@ -335,6 +349,14 @@ class CpuKVLayout(KVLayout):
         # One gather straight into [blocks, block_size, H, D] (measured faster than copying whole
         # pages and then transposing them).
         return kt[b, :, :, t].reshape(-1, h, d), vv[b, :, t, :].reshape(-1, h, d)
+
+    def gather_pages_head_major(self, kv_cache, kernel_block_ids):
+        self._check(kv_cache)
+        kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)
+        kt, vv = self._views(kv_cache)
+        h, d, m = self.num_kv_heads, self.head_size, kb.numel() * self.kernel_block_size
+        # K is stored transposed per page already: one copy each, no per-token transpose.
+        return kt[kb].permute(1, 2, 0, 3).reshape(h, d, m), vv[kb].transpose(0, 1).reshape(h, m, d)
 
     def _scatter_kernel_blocks(self, kv_cache, kb, k, v):
         kt, vv = self._views(kv_cache)

@@ -45,7 +45,7 @@ class RequestStep:
     prefix_loads: list[BlockLoad] = field(default_factory=list)  # external exact hits (not scheduled)
     chunk_loads: list[BlockLoad] = field(default_factory=list)  # chunk KV under scheduled tokens
     dumps: list[BlockDump] = field(default_factory=list)
-    ratio: float = 0.0  # share of the loaded tokens recomputed after the check layer (config or per-request override)
+    ratio: float = 0.0  # share of the loaded tokens recomputed from the check layer on (config or per-request override)
     selection: str = QUERY_SELECTION  # how the recomputed share is ranked (config or per-request override)
 
     @property

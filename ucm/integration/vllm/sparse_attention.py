@@ -1,45 +1,156 @@
-"""Attention metadata for a subset of a step's tokens, for vLLM's own attention backend.
+"""Attention for a subset of a step's tokens (Blend's recomputed rows), on vLLM's CPU backend.
 
-Selected tokens sit at scattered positions; each maximal run of consecutive positions becomes a
-pseudo-request that attends to its request's whole paged KV up to its own position (the kernel's
-bottom-right causal alignment), so attention is exactly causal and skips keys after each query.
+Selected tokens sit at scattered positions and must attend exactly causally to their request's
+whole paged KV. Runs of at least `MIN_KERNEL_RUN` consecutive positions go to vLLM's own kernel,
+each as a pseudo-request (the kernel's bottom-right causal alignment makes that exact). Shorter
+runs, most of Blend's selection, are gathered per request and tiled (tiled_attention.py): the
+kernel would re-read all K/V for every run of one or two tokens.
+
+`subset_attention` installs `SubsetAttentionImpl` in front of each layer's vLLM impl for the
+duration of a subset pass; it handles `SubsetAttentionMetadata` and delegates everything else
+(the KV-cache write included) to vLLM's impl.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
 from ucm.sparse.blend.runs import PseudoBatch
+from ucm.sparse.blend.tiled_attention import TilePlan, tiled_causal_attention
+
+# Runs this long or longer go to vLLM's kernel, whose cost per query falls with the run length;
+# shorter runs are tiled. Set to 0 to send every run to the kernel.
+MIN_KERNEL_RUN = 16
 
 
-def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_layer, dtype: torch.dtype):
-    """A copy of the step's attention metadata that covers only `pseudo`'s tokens."""
+@dataclass
+class TiledGroup:
+    """One request's short-run rows: tiled attention over its pages."""
+
+    rows: torch.Tensor  # subset rows, position order
+    kernel_blocks: torch.Tensor  # block-table entries covering keys 0 .. last position
+    plan: TilePlan
+
+
+@dataclass
+class SubsetAttentionMetadata:
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # the KV of every subset row is written as usual
+    kernel: object | None  # vLLM metadata for the long runs, or None
+    kernel_rows: torch.Tensor  # subset rows the kernel computes, in its query order
+    tiled: list[TiledGroup]
+
+
+def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_layer, dtype: torch.dtype,
+                    positions: torch.Tensor, kernel_block_size: int):
+    """Metadata for `pseudo`'s tokens; `positions` are theirs, `slot_mapping` their slots."""
     name = type(meta).__name__
-    if name == "CPUAttentionMetadata":
-        return _cpu_subset(meta, pseudo, slot_mapping, attn_layer, dtype)
-    raise NotImplementedError(
-        f"Blend's sparse forward supports vLLM's CPU attention backend so far; this engine uses {name}. "
-        "Run without ucm_sparse_config.Blend (prefix offload still works) or on the CPU build."
-    )
+    if name != "CPUAttentionMetadata":
+        raise NotImplementedError(
+            f"Blend's sparse forward supports vLLM's CPU attention backend so far; this engine uses {name}. "
+            "Run without ucm_sparse_config.Blend (prefix offload still works) or on the CPU build."
+        )
+    run_len = (pseudo.query_start_loc[1:] - pseudo.query_start_loc[:-1]).long()
+    long_run = run_len >= MIN_KERNEL_RUN
+    if not _can_tile(attn_layer.impl) or bool(long_run.all()):
+        rows = torch.arange(pseudo.num_tokens, device=slot_mapping.device)
+        return SubsetAttentionMetadata(pseudo.num_tokens, slot_mapping,
+                                       _cpu_kernel_metadata(meta, pseudo, attn_layer, dtype), rows, [])
+    row_long = torch.repeat_interleave(long_run, run_len)
+    kernel, kernel_rows = None, row_long.nonzero().flatten()
+    if kernel_rows.numel():
+        kernel = _cpu_kernel_metadata(meta, _runs(pseudo, long_run, run_len), attn_layer, dtype)
+    row_request = torch.repeat_interleave(pseudo.run_request, run_len)
+    group = attn_layer.num_heads // attn_layer.num_kv_heads
+    tiled = []
+    for req in torch.unique(row_request[~row_long]).tolist():
+        rows = ((row_request == req) & ~row_long).nonzero().flatten()
+        pos = positions[rows].long()
+        num_blocks = (int(pos[-1]) + kernel_block_size) // kernel_block_size
+        tiled.append(TiledGroup(rows, meta.block_table[req, :num_blocks].long(), TilePlan.build(pos, group)))
+    return SubsetAttentionMetadata(pseudo.num_tokens, slot_mapping, kernel, kernel_rows, tiled)
 
 
-def _cpu_subset(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_layer, dtype: torch.dtype):
+class SubsetAttentionImpl:
+    """Stands in for one layer's vLLM attention impl during a subset pass."""
+
+    def __init__(self, inner, layout) -> None:
+        self.inner = inner
+        self.layout = layout
+
+    def __getattr__(self, name):  # everything but forward is vLLM's (do_kv_cache_update included)
+        return getattr(self.inner, name)
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                output_block_scale=None):
+        if not isinstance(attn_metadata, SubsetAttentionMetadata):
+            return self.inner.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
+                                      output_scale=output_scale, output_block_scale=output_block_scale)
+        m = attn_metadata
+        n, d = m.num_actual_tokens, self.inner.head_size
+        q = query[:n].view(n, -1, d)
+        out = output[:n].view(n, -1, d)
+        if m.kernel is not None:
+            rows = m.kernel_rows
+            if rows.numel() == n:  # every row: call the kernel in place
+                self.inner.forward(layer, query, key, value, kv_cache, m.kernel, output=output)
+            else:
+                part = out.new_empty(rows.numel(), out.shape[1], d)
+                self.inner.forward(layer, q[rows], key[:n][rows], value[:n][rows], kv_cache, m.kernel, output=part)
+                out[rows] = part
+        for g in m.tiled:
+            k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
+            out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)
+        return output
+
+
+@contextlib.contextmanager
+def subset_attention(attn_layers, layout):
+    """Puts `SubsetAttentionImpl` in front of each layer's impl, for one subset pass."""
+    saved = [layer.impl for layer in attn_layers]
+    try:
+        for layer, impl in zip(attn_layers, saved):
+            layer.impl = SubsetAttentionImpl(impl, layout)
+        yield
+    finally:
+        for layer, impl in zip(attn_layers, saved):
+            layer.impl = impl
+
+
+def _can_tile(impl) -> bool:
+    """The tiled path is plain softmax attention: no window, ALiBi, soft cap or sinks."""
+    return (MIN_KERNEL_RUN > 0 and getattr(impl, "sliding_window", -1) in (-1, None)
+            and getattr(impl, "alibi_slopes", None) is None and not getattr(impl, "logits_soft_cap", 0)
+            and getattr(impl, "sinks", None) is None)
+
+
+def _runs(pseudo: PseudoBatch, keep: torch.Tensor, run_len: torch.Tensor) -> PseudoBatch:
+    """The runs of `pseudo` flagged in `keep`, as a pseudo-batch of their own."""
+    lens = run_len[keep]
+    qsl = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
+    qsl[1:] = torch.cumsum(lens, 0)
+    seq_lens = pseudo.seq_lens[keep]
+    return PseudoBatch(pseudo.token_indices[torch.repeat_interleave(keep, run_len)], qsl, seq_lens,
+                       pseudo.run_request[keep], int(lens.max()), int(seq_lens.max()))
+
+
+def _cpu_kernel_metadata(meta, pseudo: PseudoBatch, attn_layer, dtype: torch.dtype):
     from vllm import _custom_ops as ops
     from vllm import envs
 
     window = attn_layer.impl.sliding_window  # the CPU impl stores -1 for none
-    seq_lens = pseudo.seq_lens
-    qsl = pseudo.query_start_loc
     scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
         num_reqs=pseudo.num_runs,
         num_heads=attn_layer.num_heads,
         num_kv_heads=attn_layer.num_kv_heads,
         head_dim=attn_layer.head_size,
-        seq_lens=seq_lens,
+        seq_lens=pseudo.seq_lens,
         dtype=dtype,
-        query_start_loc=qsl,
+        query_start_loc=pseudo.query_start_loc,
         causal=True,
         sliding_window_size=window,
         isa=attn_layer.isa,
@@ -50,11 +161,11 @@ def _cpu_subset(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_laye
         meta,
         num_actual_tokens=pseudo.num_tokens,
         max_query_len=pseudo.max_query_len,
-        query_start_loc=qsl,
+        query_start_loc=pseudo.query_start_loc,
         max_seq_len=pseudo.max_seq_len,
-        seq_lens=seq_lens,
+        seq_lens=pseudo.seq_lens,
         block_table=meta.block_table.index_select(0, pseudo.run_request),
-        slot_mapping=slot_mapping,
+        slot_mapping=None,  # unused by forward; the cache write reads the forward context's
         scheduler_metadata=scheduler_metadata,
         causal=True,
         dynamic_causal=None,

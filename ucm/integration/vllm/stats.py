@@ -29,9 +29,9 @@ COUNTERS: dict[str, str] = {
     "load_ms": "Milliseconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",
     "dump_bytes": "Bytes handed to the store",
-    "recomputed_tokens": "Loaded chunk tokens recomputed after the check layer",
-    "reused_tokens": "Loaded chunk tokens that kept their loaded KV after the check layer",
-    "probe_tokens": "Tokens run an extra time through the layers after the check layer to rank the loaded tokens",
+    "recomputed_tokens": "Loaded chunk tokens recomputed from the check layer on",
+    "reused_tokens": "Loaded chunk tokens that kept their loaded KV from the check layer on",
+    "probe_tokens": "Tokens run an extra time through the check layer and the layers after it to rank the loaded tokens",
 }
 
 

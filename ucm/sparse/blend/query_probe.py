@@ -4,7 +4,7 @@ HKVD ranks loaded tokens by how much their KV changed at the check layer. On sma
 deviation that matters is spread thinly over the deep layers and the check layer's ranking
 overlaps it only by chance, so ranking by deviation alone often spends the budget on tokens the
 answer never looks at. The probe fixes the "never looks at" part: the rows that follow the loaded
-chunks (the question) run through the layers after the check layer over the loaded KV, and each
+chunks (the question) run through the check layer and later layers over the loaded KV, and each
 loaded token is scored by the attention probability those rows give it (summed over layers,
 heads and rows) times its check-layer V deviation, per unit of its own attention cost. Only the
 question's rows are computed twice; the rest of the step is unchanged.

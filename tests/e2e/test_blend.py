@@ -53,6 +53,21 @@ def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, select
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
 
+@pytest.mark.parametrize("ends_in_chunk", [False, True])
+def test_full_reuse_of_exact_kv_is_exact(blend_llm, plain_llm, ends_in_chunk):
+    """Full reuse (ratio 0) computes no loaded row, not even before the check layer: the question
+    attends to the loaded KV of every layer, layer 0 included. Over a prompt's own KV that must
+    reproduce full prefill. A prompt that ends inside a loaded chunk still computes its last row."""
+    a, _ = prompts(blend_llm, seed=108)
+    if ends_in_chunk:  # the system chunk and two passages, no question: the last row is loaded
+        ends = [i for i, t in enumerate(a) if t == MARKER]
+        a = a[:ends[2] + 1]
+    run(blend_llm, a)
+    again = run(blend_llm, a, cache_salt=f"reuse-{ends_in_chunk}", ratio=0.0)
+    assert again.report["blended"] and again.report["chunk_hit_tokens"] > 0.5 * len(a)
+    assert_same(again, run(plain_llm, a), tol=2e-3)
+
+
 def test_full_reuse_differs_and_is_faster_path(blend_llm, plain_llm):
     a, b = prompts(blend_llm, seed=103)
     run(blend_llm, a)

@@ -63,7 +63,7 @@ FULL_PREFILL = Mode("full prefill", None)
 
 
 def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
-    """"blend R" ranks by query attention x deviation (the default), "hkvd R" by deviation alone
+    """"blend R" ranks by the question's attention per cost x deviation (the default), "hkvd R" by deviation alone
     (CacheBlend's rule); ratio 0 ("full reuse") and 1 ("blend 1") rank nothing, so they are one mode."""
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"Blend ratio must be in [0, 1], got {ratio}")
@@ -139,7 +139,7 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
     p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
                    help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
-                        "of the question x deviation, the default rule) and/or 'hkvd' (deviation alone, "
+                        "of the question per cost x deviation, the default rule) and/or 'hkvd' (deviation alone, "
                         f"CacheBlend's rule) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
@@ -517,8 +517,8 @@ TABLE_NOTES = (
     "TTFT: vLLM's first_token_latency, one request at a time; speed-up = median full-prefill TTFT / median TTFT.\n"
     "F1 gold: answer F1 against the data set's answers; F1 vs full / agree: the mode's answer against the\n"
     "full-prefill answer of the same question (token F1 / same normalised short answer).\n"
-    "Modes: 'blend R' recomputes the share R of the loaded tokens ranked by the question's attention x\n"
-    "deviation (selection 'query'), 'hkvd R' ranked by deviation alone (CacheBlend's rule); full reuse = 0.\n"
+    "Modes: 'blend R' recomputes the share R of the loaded tokens ranked by the question's attention per\n"
+    "cost x deviation (selection 'query'), 'hkvd R' by deviation alone (CacheBlend's rule); full reuse = 0.\n"
     "Cache table: blended, chunk hit blocks / tokens, dumped blocks: totals of the connector's per-request\n"
     "reports (kv_transfer_params['ucm']); recomputed tok (share of the loaded chunk tokens), loaded MB, load\n"
     "ms/req: the connector's statistics counters (vLLM's KV connector stats, vllm:ucm_*) during the requests."

@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from ucm.sparse.blend.query_probe import attention_mass, probe_query_mask, query_weighted_score
+from ucm.sparse.blend.query_probe import (
+    attention_mass,
+    attention_per_cost,
+    probe_candidates,
+    probe_query_mask,
+    query_weighted_score,
+)
 
 
 def dense_mass(q, k, q_pos, scale):
@@ -77,10 +83,29 @@ def test_probe_query_mask_rejects_bad_input():
         probe_query_mask(torch.tensor([True, False]), torch.tensor([0, 0]), 1, max_queries=0)
 
 
-def test_query_weighted_score_falls_back_to_deviation_where_not_probed():
-    mass = torch.tensor([0.5, 2.0, 0.0, 0.0])
-    dev = torch.tensor([4.0, 1.0, 3.0, 5.0])
-    probed = torch.tensor([True, True, False, False])
-    positions = torch.tensor([0, 3, 4, 5])
-    # probed: mass * deviation per unit of attention cost (position + 1)
-    assert query_weighted_score(mass, dev, probed, positions).tolist() == [2.0, 0.5, 3.0, 5.0]
+def test_attention_per_cost_divides_by_position_plus_one():
+    mass = torch.tensor([0.5, 2.0, 1.0])
+    assert torch.allclose(attention_per_cost(mass, torch.tensor([0, 3, 9])), torch.tensor([0.5, 0.5, 0.1]))
+
+
+def test_probe_candidates_widen_the_ratio_per_request_and_skip_unprobed_rows():
+    # request 0: 6 loaded rows + 1 question row, probed, ratio 0.25 -> 2 * 0.25 * 6 = 3 candidates
+    # request 1: 4 loaded rows, not probed -> none; request 2: 2 loaded rows, ratio 0.75 -> all (capped)
+    seg = torch.tensor([0] * 7 + [1] * 4 + [2] * 3)
+    loaded = torch.tensor([True] * 6 + [False] + [True] * 4 + [True, True, False])
+    probed = torch.tensor([True] * 7 + [False] * 4 + [True] * 3)
+    per_cost = torch.tensor([0.1, 0.9, 0.3, 0.8, 0.05, 0.7, 5.0, 9.0, 9.0, 9.0, 9.0, 0.2, 0.1, 7.0])
+    ratios = torch.tensor([0.25, 0.5, 0.75])
+    got = probe_candidates(per_cost, loaded, probed, seg, ratios, factor=2.0, num_segments=3)
+    assert got.nonzero().flatten().tolist() == [1, 3, 5, 11, 12]
+    with pytest.raises(ValueError, match="factor"):
+        probe_candidates(per_cost, loaded, probed, seg, ratios, factor=0.5)
+
+
+def test_query_weighted_score_ranks_candidates_only_and_falls_back_to_deviation_where_not_probed():
+    per_cost = torch.tensor([0.5, 2.0, 3.0, 0.0, 0.0])
+    dev = torch.tensor([4.0, 0.0, 1.0, 3.0, 5.0])
+    probed = torch.tensor([True, True, True, False, False])
+    candidates = torch.tensor([True, True, False, False, False])
+    # candidates: per_cost * deviation (>= 0); other probed rows below every candidate; else deviation
+    assert query_weighted_score(per_cost, dev, probed, candidates).tolist() == [2.0, 0.0, -1.0, 3.0, 5.0]

@@ -1,14 +1,17 @@
 """Blend's single forward pass over a decoder stack (Llama, Mistral, Qwen2, Qwen3 layouts).
 
-Layers before the check layer run on every scheduled token. The fresh V of the tokens whose KV was
-loaded is then taken from the check layer's norm and projection and compared with the loaded V.
-With the "query" selection (default), the rows after a request's chunks (its question) first run
-the check layer and the later layers over the loaded KV, and each loaded token is scored by the
-attention those rows pay it times its deviation (query_probe.py); with "hkvd", by the deviation
-alone. The top `ratio` of the loaded tokens, every token whose KV was not loaded (cache misses,
-the suffix, tokens of other requests) and each request's last token go on through the check layer
-and the remaining layers; the others keep their loaded KV from the check layer on. Attention of
-the selected tokens is exactly causal over the request's whole KV (see sparse_attention.py).
+With "hkvd", layers before the check layer run on every scheduled token; the fresh V of the
+loaded tokens is then taken from the check layer's norm and projection and compared with the
+loaded V (the deviation), and the tokens that deviate most are selected. With "query" (default),
+those layers first run only on the rows without loaded KV: the rows after the request's chunks
+(its question) then run the check layer and the later layers over the loaded KV, each loaded token
+gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
+top candidates by that attention, which then run the layers before the check layer too
+(query_probe.py). Full reuse (ratio 0) runs those layers on the uncached rows only. The selected
+tokens, every token whose KV was not loaded (cache misses, the suffix, tokens of other requests)
+and each request's last token go on through the check layer and the remaining layers; the others
+keep their loaded KV. Attention of the computed tokens is exactly causal over the request's whole
+KV (see sparse_attention.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 from ucm.integration.vllm.sparse_attention import subset_attention, subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
-from ucm.sparse.blend.query_probe import attention_mass, probe_query_mask, query_weighted_score
+from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, probe_candidates, probe_query_mask,
+                                          query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 
 logger = logging.getLogger(__name__)
@@ -34,18 +38,17 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     layer_names = [name for name in fc.attn_metadata]  # one KV-cache group: one metadata object
     meta = fc.attn_metadata[layer_names[0]]
     n = int(meta.num_actual_tokens)
+    positions_n = positions[:n]
     hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
-    residual = None
-    layers = model.layers
-    for layer in layers[: step.check_layer]:
-        hidden, residual = layer(positions, hidden, residual)
-    # `hidden`, `residual` now enter the check layer. The check layer itself runs only on the rows
-    # that go on (below): the others keep their loaded KV from it on.
+    layers, check = model.layers, step.check_layer
+    device = hidden.device
 
     slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
     qsl = meta.query_start_loc.long()
     num_reqs = qsl.shape[0] - 1
     segment = torch.repeat_interleave(torch.arange(num_reqs, device=qsl.device), qsl[1:] - qsl[:-1])[:n]
+    last = torch.zeros(n, dtype=torch.bool, device=device)
+    last[qsl[1:] - 1] = True  # every request's last token feeds the sampler
 
     # Batch rows whose slot holds loaded KV, and which loaded row each one is.
     table = torch.full((int(max(slot_mapping.max().item(), step.loaded_slots.max().item())) + 1,), -1,
@@ -55,41 +58,58 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     row[slot_mapping < 0] = -1
     loaded = row >= 0
 
-    # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
-    # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
-    fresh_v = _check_layer_v(layers[step.check_layer], hidden[loaded], None if residual is None else residual[loaded])
-    deviation = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    deviation[loaded] = token_deviation(fresh_v, step.check_v[row[loaded]])
-    all_reduce = tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
-    if all_reduce is not None:
-        deviation = all_reduce(deviation)
-    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=hidden.device)
+    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=device)
     ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
-    wants_probe = torch.zeros(num_reqs, dtype=torch.bool, device=hidden.device)
+    wants_probe = torch.zeros(num_reqs, dtype=torch.bool, device=device)
     wants_probe[segment[loaded][step.query_select[row[loaded]]]] = True
     wants_probe &= (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
     queries = probe_query_mask(loaded, segment, num_reqs) & wants_probe[segment]
-    score = deviation
-    if bool(queries.any()):
-        probed = torch.zeros(num_reqs, dtype=torch.bool, device=hidden.device)
-        probed[segment[queries]] = True
-        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions[:n],
+    probed = torch.zeros(num_reqs, dtype=torch.bool, device=device)
+    probed[segment[queries]] = True
+    # Loaded rows that skip the layers before the check layer for now: those of probed requests
+    # (their deviation is measured on candidates only) and of requests reusing everything. Those
+    # layers' KV is the loaded one for them, which for layer 0 is exact (it depends on the token
+    # and its position alone).
+    lazy = loaded & (probed | (ratios == 0))[segment]
+    hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
+                                   positions, ~lazy, hidden, None)
+
+    # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
+    # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
+    deviation = torch.zeros(n, dtype=torch.float32, device=device)
+    _add_deviation(deviation, layers[check], step, row, loaded & ~lazy, hidden, residual)
+    tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
+    candidates = per_cost = None
+    if bool(probed.any()):
+        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions_n,
                                      ~loaded & probed[segment], queries, segment)
-        if all_reduce is not None:
-            mass = all_reduce(mass)
-        score = query_weighted_score(mass, deviation, probed[segment], positions[:n])
+        if tp:  # every rank must pick the same candidates
+            mass = tensor_model_parallel_all_reduce(mass)
+        per_cost = attention_per_cost(mass, positions_n)
+        candidates = probe_candidates(per_cost, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
+        hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
+                                       positions, candidates, hidden, residual)
+        _add_deviation(deviation, layers[check], step, row, candidates, hidden, residual)
+        lazy &= ~candidates
+    if tp:
+        deviation = tensor_model_parallel_all_reduce(deviation)
+    score = deviation if candidates is None else query_weighted_score(per_cost, deviation, probed[segment],
+                                                                      candidates)
     hkvd = select_hkvd(score, loaded, segment, ratios, num_segments=num_reqs)
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
-    compute = ~loaded | hkvd
-    compute[qsl[1:] - 1] = True  # every request's last token feeds the sampler
+    compute = ~loaded | hkvd | last
+    # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
+    # loaded chunk reused in full.
+    hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
+                                   positions, compute & lazy, hidden, residual)
 
-    pseudo = pseudo_request_metadata(compute, segment, positions[:n].long())
-    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n,
-                 step.check_layer, pseudo.num_runs)
+    pseudo = pseudo_request_metadata(compute, segment, positions_n.long())
+    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n, check,
+                 pseudo.num_runs)
     idx = pseudo.token_indices
-    h, r = _run_subset(layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping, hidden,
+    h, r = _run_subset(layers[check:], step.layout, fc, meta, layer_names, pseudo, slot_mapping, hidden,
                        residual, positions)
     if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)
@@ -97,6 +117,36 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     residual[idx] = r
     hidden, _ = model.norm(hidden, residual)
     return hidden
+
+
+def _run_layers(layers, layout, fc, meta, layer_names, slot_mapping, segment, positions, rows, hidden, residual):
+    """Runs `layers` (those before the check layer) on `rows`; returns the updated (hidden, residual).
+
+    All rows: the plain stack. Otherwise a subset pass; rows that have not run yet enter with the
+    embedding and a zero residual, which the first layer's fused add+norm treats exactly like no
+    residual.
+    """
+    if len(layers) == 0 or not bool(rows.any()):
+        return hidden, residual
+    if bool(rows.all()) and residual is None:
+        for layer in layers:
+            hidden, residual = layer(positions, hidden, residual)
+        return hidden, residual
+    pseudo = pseudo_request_metadata(rows, segment, positions[:rows.shape[0]].long())
+    if residual is None:  # the embedding may be the caller's buffer: write into a copy
+        hidden, residual = hidden.clone(), torch.zeros_like(hidden)
+    h, r = _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions)
+    hidden[pseudo.token_indices] = h
+    residual[pseudo.token_indices] = r
+    return hidden, residual
+
+
+def _add_deviation(deviation, check_layer, step: BlendStep, row, rows, hidden, residual) -> None:
+    """Writes the check-layer V deviation of `rows` (loaded rows whose state has reached the check layer)."""
+    if not bool(rows.any()):
+        return
+    fresh_v = _check_layer_v(check_layer, hidden[rows], None if residual is None else residual[rows])
+    deviation[rows] = token_deviation(fresh_v, step.check_v[row[rows]])
 
 
 def _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions):

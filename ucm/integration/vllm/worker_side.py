@@ -41,7 +41,7 @@ def layer_index(name: str) -> int:
 class BlendStep:
     """What the Blend forward of this step needs from the loads (handed over once, then cleared)."""
 
-    loaded_slots: torch.Tensor  # [n] slots whose KV (the check layer and later) was loaded
+    loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
     ratios: torch.Tensor  # [n] float32: recompute ratio of the request each loaded slot belongs to
     query_select: torch.Tensor  # [n] bool: that request ranks by query attention x deviation
@@ -191,20 +191,17 @@ class WorkerSide:
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
     def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Write the check layer and the layers after it, K shifted; return the check layer's loaded V.
+        """Write every layer, K shifted; return the check layer's loaded V.
 
-        `kv` is [tokens, layers, 2, H, D]. The forward recomputes the layers before the check
-        layer for all scheduled tokens, so only the others need loaded KV; the check layer's V
-        is also kept aside for the deviation test, because the selected tokens overwrite it in
-        the cache. All layers are shifted in one rotation, then scattered once per layer.
+        `kv` is [tokens, layers, 2, H, D]. Layers before the check layer are needed too: rows
+        that skip them (probed requests, full reuse) attend to the loaded KV there. The check
+        layer's V is kept aside for the deviation test, because the selected tokens overwrite it
+        in the cache. All layers are shifted in one rotation, then scattered once per layer.
         """
         assert self.layout is not None and self.check_layer is not None
-        first = self.check_layer
-        if first < len(self.caches):
-            k = self._shift_keys(kv[:, first:, 0], delta)  # [tokens, layers from the check layer on, H, D]
-            for i, layer in enumerate(range(first, len(self.caches))):
-                self.layout.scatter(self.caches[layer], slots, k[:, i].to(self._device),
-                                    kv[:, layer, 1].to(self._device))
+        k = self._shift_keys(kv[:, :, 0], delta)  # [tokens, layers, H, D]
+        for layer, cache in enumerate(self.caches):
+            self.layout.scatter(cache, slots, k[:, layer].to(self._device), kv[:, layer, 1].to(self._device))
         return kv[:, self.check_layer, 1].to(self._device, copy=True)
 
     def _shift_keys(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,11 @@ deviation that matters is spread thinly over the deep layers and the check layer
 overlaps it only by chance, so ranking by deviation alone often spends the budget on tokens the
 answer never looks at. The probe fixes the "never looks at" part: the rows that follow the loaded
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
-loaded token is scored by the attention probability those rows give it (summed over layers,
-heads and rows) times its check-layer V deviation, per unit of its own attention cost. Only the
-question's rows are computed twice; the rest of the step is unchanged.
+loaded token gets the attention probability those rows give it (summed over layers, heads and
+rows) per unit of its own attention cost. The deviation is then measured only for the top
+candidates by that attention (it needs their state at the check layer, i.e. the layers before it
+run for them), and the selection ranks candidates by attention per cost x deviation. Only the
+question's rows are computed twice.
 
 Measured on SmolLM2-135M at ratio 0.15 (see README, Results): agreement with the full-prefill
 answer 90-95% on the generated set against 75% for HKVD, and KL to the full-prefill next-token
@@ -18,12 +20,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["attention_mass", "probe_query_mask", "query_weighted_score"]
+from ucm.sparse.blend.hkvd import select_hkvd
+
+__all__ = ["attention_mass", "attention_per_cost", "probe_candidates", "probe_query_mask", "query_weighted_score"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
 # the last 16 or 32 rank as well as the whole question (KL to full prefill 0.060-0.061).
 MAX_PROBE_QUERIES = 32
 
+
+# Candidates per selected token: the deviation is measured for the top `CANDIDATE_FACTOR * ratio` of
+# a probed request's loaded tokens by attention per cost. Offline study at ratio 0.15 (KL to the
+# full-prefill next-token distribution): 3 ranks as well as measuring every token (16 MuSiQue
+# questions 0.0650 vs 0.0654; 20 generated 0.0720 vs 0.0721, same 95% agreement); 2 and 1.5 lose
+# on the generated set (0.0746, 0.0809).
+CANDIDATE_FACTOR = 3.0
 
 # Bound on the float32 score buffer of one query chunk (elements): 64 MiB.
 _SCORE_BUDGET = 16 * 1024 * 1024
@@ -101,17 +112,46 @@ def probe_query_mask(
     return after & (idx > last_row[seg] - max_queries)
 
 
-def query_weighted_score(
-    mass: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor, positions: torch.Tensor
-) -> torch.Tensor:
-    """The selection score: ``mass * deviation / (position + 1)`` where the request was probed,
-    ``deviation`` alone where it was not (no question rows after its chunks).
+def attention_per_cost(mass: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``mass / (position + 1)``: the question's attention to a token per unit of its recompute cost.
 
-    Dividing by the position ranks by benefit per cost: a recomputed token attends to every key
-    before it, so its attention costs in proportion to its position, and the question reads late
-    passages most. Measured at ratio 0.15: the picked tokens' mean position falls by 7-8% (and the
-    main pass's attention with it) at equal quality (KL to full prefill within 2% on 22 MuSiQue
-    questions; agreement with full prefill 95% instead of 90% on 20 generated questions).
+    A recomputed token attends to every key before it, so its attention costs in proportion to
+    its position, and the question reads late passages most. Measured at ratio 0.15: the picked
+    tokens' mean position falls by 7-8% (and the main pass's attention with it) at equal quality
+    (KL to full prefill within 2% on 22 MuSiQue questions; agreement with full prefill 95%
+    instead of 90% on 20 generated questions).
     """
-    weighted = mass * deviation / (positions.to(mass.device).float() + 1.0)
+    return mass / (positions.to(mass.device).float() + 1.0)
+
+
+def probe_candidates(
+    per_cost: torch.Tensor,
+    loaded: torch.Tensor,
+    probed: torch.Tensor,
+    segment_ids: torch.Tensor,
+    ratios: torch.Tensor,
+    factor: float = CANDIDATE_FACTOR,
+    num_segments: int | None = None,
+) -> torch.Tensor:
+    """Loaded rows of probed requests whose deviation is worth measuring: per request, the top
+    ``min(1, factor * ratio)`` of its loaded rows by ``per_cost``. ``[n]`` bool.
+
+    The deviation needs each token's fresh state at the check layer, i.e. the layers before it
+    run over the whole context; measuring it only for the tokens the question reads most makes
+    that cost proportional to the candidates instead of the prompt. ``ratios`` is per request.
+    """
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1 (candidates must cover the selection), got {factor}")
+    widened = (ratios.double() * factor).clamp(max=1.0)
+    return select_hkvd(per_cost, loaded & probed, segment_ids, widened, num_segments=num_segments)
+
+
+def query_weighted_score(
+    per_cost: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor, candidates: torch.Tensor
+) -> torch.Tensor:
+    """The selection score: ``per_cost * deviation`` for candidates (tokens the question reads and
+    whose KV is stale, per unit of cost), -1 (below every candidate) for the other rows of probed
+    requests, ``deviation`` alone where the request was not probed (no question rows after its
+    chunks)."""
+    weighted = torch.where(candidates, per_cost * deviation, torch.full_like(per_cost, -1.0))
     return torch.where(probed, weighted, deviation)

@@ -38,4 +38,4 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
 
 clean:
-	rm -rf build *.egg-info ucm/store/_native*.so
+	rm -rf build *.egg-info ucm/store/_native*.so ucm/sparse/blend/_attention*.so

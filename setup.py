@@ -1,4 +1,4 @@
-"""Build of the native store IO engine (csrc/); everything else is declared in pyproject.toml."""
+"""Native parts (csrc/): the store IO engine and Blend's paged attention kernel; everything else is in pyproject.toml."""
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
@@ -6,6 +6,13 @@ ext_modules = [
     Pybind11Extension(
         "ucm.store._native",
         sorted(["csrc/store_io.cpp"]),
+        cxx_std=17,
+        extra_compile_args=["-O3", "-pthread"],
+        extra_link_args=["-pthread"],
+    ),
+    Pybind11Extension(
+        "ucm.sparse.blend._attention",
+        ["csrc/paged_attention.cpp"],
         cxx_std=17,
         extra_compile_args=["-O3", "-pthread"],
         extra_link_args=["-pthread"],

@@ -82,10 +82,15 @@ SCATTERED = {
 }
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000], ids=["kernel", "k4", "k16", "tiled"])
-def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_run):
+def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_run, native):
     import ucm.integration.vllm.sparse_attention as sa
 
+    if native and not sa.native_supported(torch.float32, D, BS):
+        pytest.skip("native paged attention needs the built extension and AVX-512F")
+    if not native:
+        monkeypatch.setattr(sa, "native_supported", lambda *args: False)
     monkeypatch.setattr(sa, "MIN_KERNEL_RUN", min_kernel_run)
     cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED)
     sub = sa.subset_metadata(meta, pseudo, torch.zeros(pseudo.num_tokens, dtype=torch.int64), layer,
@@ -93,6 +98,7 @@ def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_ru
     tiled_rows = sum(g.rows.numel() for g in sub.tiled)
     assert tiled_rows + sub.kernel_rows.numel() == pseudo.num_tokens
     assert (tiled_rows == 0) == (min_kernel_run == 0)
+    assert all((g.plan is None) == native for g in sub.tiled)
     output = torch.full((pseudo.num_tokens, HQ * D), float("nan"))
     impl = sa.SubsetAttentionImpl(layer.impl, layout)
     impl.forward(layer, q, q[:, :HK], q[:, :HK], cache, sub, output=output)

@@ -350,6 +350,11 @@ class CpuKVLayout(KVLayout):
         # pages and then transposing them).
         return kt[b, :, :, t].reshape(-1, h, d), vv[b, :, t, :].reshape(-1, h, d)
 
+    def pages(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """``[pages, H, 2 * block_size * D]``: per (page, head) K transposed then V, as stored."""
+        self._check(kv_cache)
+        return kv_cache.view(kv_cache.shape[0], self.num_kv_heads, -1)
+
     def gather_pages_head_major(self, kv_cache, kernel_block_ids):
         self._check(kv_cache)
         kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)

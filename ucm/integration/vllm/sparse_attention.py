@@ -3,8 +3,9 @@
 Selected tokens sit at scattered positions and must attend exactly causally to their request's
 whole paged KV. Runs of at least `MIN_KERNEL_RUN` consecutive positions go to vLLM's own kernel,
 each as a pseudo-request (the kernel's bottom-right causal alignment makes that exact). Shorter
-runs, most of Blend's selection, are gathered per request and tiled (tiled_attention.py): the
-kernel would re-read all K/V for every run of one or two tokens.
+runs, most of Blend's selection, are computed per request by a tiled attention
+(tiled_attention.py): natively over the pages in place where the CPU and dtype allow, otherwise
+in torch over a gathered copy. The kernel would re-read all K/V for every run of one or two tokens.
 
 `subset_attention` installs `SubsetAttentionImpl` in front of each layer's vLLM impl for the
 duration of a subset pass; it handles `SubsetAttentionMetadata` and delegates everything else
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ucm.sparse.blend.runs import PseudoBatch
-from ucm.sparse.blend.tiled_attention import TilePlan, tiled_causal_attention
+from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
+                                               tiled_causal_attention)
 
 # Runs this long or longer go to vLLM's kernel, whose cost per query falls with the run length;
 # shorter runs are tiled. Set to 0 to send every run to the kernel.
@@ -32,8 +34,9 @@ class TiledGroup:
     """One request's short-run rows: tiled attention over its pages."""
 
     rows: torch.Tensor  # subset rows, position order
+    positions: torch.Tensor  # theirs
     kernel_blocks: torch.Tensor  # block-table entries covering keys 0 .. last position
-    plan: TilePlan
+    plan: TilePlan | None  # for the torch path; None when the native kernel runs
 
 
 @dataclass
@@ -66,12 +69,14 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
         kernel = _cpu_kernel_metadata(meta, _runs(pseudo, long_run, run_len), attn_layer, dtype)
     row_request = torch.repeat_interleave(pseudo.run_request, run_len)
     group = attn_layer.num_heads // attn_layer.num_kv_heads
+    native = native_supported(dtype, attn_layer.head_size, kernel_block_size, slot_mapping.device)
     tiled = []
     for req in torch.unique(row_request[~row_long]).tolist():
         rows = ((row_request == req) & ~row_long).nonzero().flatten()
-        pos = positions[rows].long()
+        pos = positions[rows].long().contiguous()
         num_blocks = (int(pos[-1]) + kernel_block_size) // kernel_block_size
-        tiled.append(TiledGroup(rows, meta.block_table[req, :num_blocks].long(), TilePlan.build(pos, group)))
+        tiled.append(TiledGroup(rows, pos, meta.block_table[req, :num_blocks].long().contiguous(),
+                                None if native else TilePlan.build(pos, group)))
     return SubsetAttentionMetadata(pseudo.num_tokens, slot_mapping, kernel, kernel_rows, tiled)
 
 
@@ -103,8 +108,12 @@ class SubsetAttentionImpl:
                 self.inner.forward(layer, q[rows], key[:n][rows], value[:n][rows], kv_cache, m.kernel, output=part)
                 out[rows] = part
         for g in m.tiled:
-            k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
-            out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)
+            if g.plan is None:
+                out[g.rows] = paged_causal_attention(q[g.rows], g.positions, self.layout.pages(kv_cache),
+                                                     g.kernel_blocks, self.inner.scale)
+            else:
+                k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
+                out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)
         return output
 
 

@@ -1,0 +1,276 @@
+// Exact causal attention of scattered query rows over one sequence's paged K/V (pybind11 module
+// ucm.sparse.blend._attention).
+//
+// Blend recomputes a few hundred tokens spread over a long prompt; each must attend to every key
+// up to its own position. The torch fallback (tiled_attention.py) runs one GEMM per tile of
+// queries over a gathered copy of K/V, then four elementwise passes over a score buffer that
+// does not fit in cache. Here each (KV head, tile of queries) reads the pages in place, one page
+// at a time: scores for the page stay in L1/L2, softmax is online (flash style), and P.V is
+// accumulated right away. Two register-blocked AVX-512 micro-kernels do the FLOPs.
+//
+// Page layout (vLLM's CPU attention, ISA vec/vec16): for every (page, KV head), K transposed as
+// [head_dim, page_size] followed by V as [page_size, head_dim], float32.
+//
+// The kernel is compiled for AVX-512F via a target attribute and only called where the CPU has
+// it; `available()` says so, and Python falls back to the torch path otherwise.
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define UCM_AVX512 __attribute__((target("avx512f")))
+#endif
+
+namespace py = pybind11;
+
+namespace ucm_attn {
+
+struct Problem {
+  const float* q;        // [n, hk * group, D], contiguous
+  const int64_t* pos;    // [n], non-decreasing
+  int64_t n;
+  const float* pages;    // page p, head h at pages + p * page_stride + h * head_stride
+  int64_t page_stride;   // in floats
+  int64_t head_stride;   // in floats
+  const int64_t* table;  // [num_pages]: the sequence's page ids, in key order
+  int64_t num_pages;
+  int hk, group, head_dim, page_size;
+  float scale;
+  float* out;            // [n, hk * group, D]
+  int tile_queries;
+};
+
+#if defined(__x86_64__)
+
+constexpr int kQkRows = 12;  // S micro-kernel: 12 rows x 32 keys (24 accumulators)
+constexpr int kQkKeys = 32;
+
+// exp(x) for 16 lanes: Cephes' expf polynomial on x - n*ln2, scaled by 2^n with vscalefps.
+// Relative error about 2e-7; inputs below -103 give exactly 0.
+UCM_AVX512 static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// s[r, 0:32] = q[r, :] . kt[:, 0:32] for 12 rows; kt rows are ldk apart.
+template <int D>
+UCM_AVX512 static inline void qk_12x32(const float* q, const float* kt, int ldk, float* s, int lds) {
+  __m512 c[kQkRows][2];
+  for (int r = 0; r < kQkRows; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int d = 0; d < D; ++d) {
+    const __m512 k0 = _mm512_loadu_ps(kt + d * ldk);
+    const __m512 k1 = _mm512_loadu_ps(kt + d * ldk + 16);
+    for (int r = 0; r < kQkRows; ++r) {
+      const __m512 a = _mm512_set1_ps(q[r * D + d]);
+      c[r][0] = _mm512_fmadd_ps(a, k0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(a, k1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < kQkRows; ++r) {
+    _mm512_storeu_ps(s + r * lds, c[r][0]);
+    _mm512_storeu_ps(s + r * lds + 16, c[r][1]);
+  }
+}
+
+// o[r, :] += p[r, 0:keys] . v[0:keys, :] for MR rows (MR * D / 16 = 24 accumulators).
+template <int D, int MR>
+UCM_AVX512 static inline void pv_block(const float* p, int ldp, const float* v, int keys, float* o) {
+  constexpr int NV = D / 16;
+  __m512 c[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int x = 0; x < NV; ++x) c[r][x] = _mm512_loadu_ps(o + r * D + 16 * x);
+  for (int j = 0; j < keys; ++j) {
+    __m512 vv[NV];
+    for (int x = 0; x < NV; ++x) vv[x] = _mm512_loadu_ps(v + j * D + 16 * x);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(p[r * ldp + j]);
+      for (int x = 0; x < NV; ++x) c[r][x] = _mm512_fmadd_ps(a, vv[x], c[r][x]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int x = 0; x < NV; ++x) _mm512_storeu_ps(o + r * D + 16 * x, c[r][x]);
+}
+
+struct Scratch {
+  std::vector<float> q, s, o, m, l;
+  std::vector<int64_t> pos;
+};
+
+// One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
+template <int D>
+UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
+  constexpr int MR = 24 / (D / 16);  // P.V rows per block: 6 for D=64, 3 for D=128
+  const int g = pb.group, ps = pb.page_size, hq = pb.hk * g;
+  const int rows = static_cast<int>(t1 - t0) * g;
+  const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
+  const int lds = ps;
+  w.q.assign(static_cast<size_t>(R) * D, 0.0f);
+  w.o.assign(static_cast<size_t>(R) * D, 0.0f);
+  w.s.resize(static_cast<size_t>(R) * lds);
+  w.m.assign(R, -std::numeric_limits<float>::infinity());
+  w.l.assign(R, 0.0f);
+  w.pos.resize(R);
+  for (int r = 0; r < R; ++r) {
+    const int rr = std::min(r, rows - 1);  // padding rows repeat the last row, output dropped
+    const int64_t t = t0 + rr / g;
+    const int head = h * g + rr % g;
+    w.pos[r] = pb.pos[t];
+    const float* src = pb.q + (t * hq + head) * D;
+    for (int d = 0; d < D; ++d) w.q[r * D + d] = src[d] * pb.scale;
+  }
+  const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
+  const int64_t npages = last / ps + 1;
+  if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t p = 0; p < npages; ++p) {
+    const float* kt = pb.pages + pb.table[p] * pb.page_stride + h * pb.head_stride;
+    const float* v = kt + static_cast<int64_t>(D) * ps;
+    const int64_t base = p * ps;
+    const int kend = static_cast<int>(std::min<int64_t>(ps, last + 1 - base));  // keys any row sees
+    const int kpad = (kend + kQkKeys - 1) / kQkKeys * kQkKeys;
+    // Rows sorted by position: rows before `r_live` see none of this page.
+    int r_live = 0;
+    if (base > first)
+      while (r_live < R && w.pos[r_live] < base) ++r_live;
+    r_live = r_live / kQkRows * kQkRows;
+    for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
+      for (int r0 = r_live; r0 < R; r0 += kQkRows)
+        qk_12x32<D>(w.q.data() + r0 * D, kt + c0, ps, w.s.data() + r0 * lds + c0, lds);
+    for (int r = r_live; r < R; ++r) {
+      float* srow = w.s.data() + r * lds;
+      const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
+      if (valid == 0) {
+        std::memset(srow, 0, sizeof(float) * kend);
+        continue;
+      }
+      __m512 mx = neg_inf;
+      for (int j = 0; j < valid; j += 16) {
+        const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, k, srow + j));
+      }
+      const float m_new = std::max(w.m[r], _mm512_reduce_max_ps(mx));
+      const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < kend; j += 16) {
+        const int lim = std::min(16, kend - j);
+        const int vis = std::clamp(valid - j, 0, lim);
+        const __mmask16 kv = static_cast<__mmask16>((1u << vis) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(kv, exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + j), mv)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_mask_storeu_ps(srow + j, static_cast<__mmask16>((1u << lim) - 1), e);
+      }
+      w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
+      w.m[r] = m_new;
+      if (alpha != 1.0f) {
+        float* orow = w.o.data() + r * D;
+        const __m512 av = _mm512_set1_ps(alpha);
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
+      }
+    }
+    for (int r0 = r_live; r0 < R; r0 += MR)
+      pv_block<D, MR>(w.s.data() + r0 * lds, lds, v, kend, w.o.data() + r0 * D);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int64_t t = t0 + r / g;
+    const int head = h * g + r % g;
+    float* dst = pb.out + (t * hq + head) * D;
+    const float inv = 1.0f / w.l[r];
+    for (int d = 0; d < D; ++d) dst[d] = w.o[r * D + d] * inv;
+  }
+}
+
+template <int D>
+static void run(const Problem& pb, int num_threads) {
+  const int64_t tq = pb.tile_queries;
+  const int64_t ntiles = (pb.n + tq - 1) / tq;
+  const int64_t items = ntiles * pb.hk;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::string error;
+  auto worker = [&] {
+    Scratch w;
+    for (int64_t i; (i = next.fetch_add(1)) < items;) {
+      // Last tiles first: they see the most keys, so the tail of the schedule is short.
+      const int64_t tile = ntiles - 1 - i / pb.hk;
+      const int h = static_cast<int>(i % pb.hk);
+      try {
+        run_tile<D>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
+      } catch (const std::exception& e) {
+        if (!failed.exchange(true)) error = e.what();
+        next.store(items);
+      }
+    }
+  };
+  const int extra = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items)) - 1;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < extra; ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  if (failed) throw std::runtime_error(error);
+}
+
+static bool cpu_ok() { return __builtin_cpu_supports("avx512f"); }
+
+#else
+static bool cpu_ok() { return false; }
+#endif
+
+bool supports(int head_dim, int page_size) {
+  return cpu_ok() && (head_dim == 64 || head_dim == 128) && page_size > 0 && page_size % 32 == 0;
+}
+
+void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int64_t page_stride,
+                            int64_t head_stride, uintptr_t table, int64_t num_pages, int hk, int group, int head_dim,
+                            int page_size, double scale, uintptr_t out, int tile_queries, int num_threads) {
+  if (!supports(head_dim, page_size))
+    throw std::invalid_argument("paged_causal_attention: unsupported head_dim/page_size or CPU without AVX-512F");
+  if (n <= 0) return;
+  if (hk <= 0 || group <= 0 || tile_queries <= 0) throw std::invalid_argument("hk, group and tile must be positive");
+  Problem pb{reinterpret_cast<const float*>(q), reinterpret_cast<const int64_t*>(pos), n,
+             reinterpret_cast<const float*>(pages), page_stride, head_stride,
+             reinterpret_cast<const int64_t*>(table), num_pages, hk, group, head_dim, page_size,
+             static_cast<float>(scale), reinterpret_cast<float*>(out), tile_queries};
+#if defined(__x86_64__)
+  py::gil_scoped_release release;
+  if (head_dim == 64)
+    run<64>(pb, num_threads);
+  else
+    run<128>(pb, num_threads);
+#endif
+}
+
+}  // namespace ucm_attn
+
+PYBIND11_MODULE(_attention, m) {
+  m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX-512F).";
+  m.def("supports", &ucm_attn::supports, py::arg("head_dim"), py::arg("page_size"),
+        "Whether this CPU and geometry can use the native kernel.");
+  m.def("paged_causal_attention", &ucm_attn::paged_causal_attention, py::arg("q"), py::arg("pos"), py::arg("n"),
+        py::arg("pages"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
+        py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
+        py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"),
+        "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
+}

@@ -1,0 +1,103 @@
+"""The native paged attention kernel against a dense causal reference and the torch path."""
+
+import math
+
+import pytest
+import torch
+
+from ucm.sparse.blend.runs import causal_attention_reference
+from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
+                                               tiled_causal_attention)
+
+pytestmark = pytest.mark.skipif(not native_supported(torch.float32, 64, 32),
+                                reason="native paged attention needs the built extension and AVX-512F")
+
+
+def paged(k, v, page_size, spare=3, seed=0):
+    """K/V of one sequence ([S, Hk, D]) in shuffled pages among unused ones; returns (pages, table)."""
+    s, hk, d = k.shape
+    n = (s + page_size - 1) // page_size
+    g = torch.Generator().manual_seed(seed)
+    pages = torch.randn(n + spare, hk, 2 * page_size * d, generator=g)
+    table = torch.randperm(n + spare, generator=g)[:n]
+    kp = torch.zeros(n * page_size, hk, d)
+    vp = torch.zeros(n * page_size, hk, d)
+    kp[:s], vp[:s] = k, v
+    view = pages.view(n + spare, hk, 2, page_size * d)
+    view[table, :, 0] = kp.view(n, page_size, hk, d).permute(0, 2, 3, 1).reshape(n, hk, -1)  # K^T [D, P]
+    view[table, :, 1] = vp.view(n, page_size, hk, d).transpose(1, 2).reshape(n, hk, -1)  # V [P, D]
+    return pages, table
+
+
+@pytest.mark.parametrize("kv_heads,group,d,page_size,tile", [
+    (3, 3, 64, 128, 32), (3, 3, 64, 32, 5), (2, 4, 128, 64, 32), (1, 1, 64, 32, 1), (4, 2, 128, 128, 7)])
+def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile):
+    gen = torch.Generator().manual_seed(kv_heads * 100 + d + tile)
+    num_keys = 5 * page_size + 3
+    # Singles, runs, page boundaries, the first and the last key.
+    q_pos = torch.tensor(sorted({0, 1, page_size - 1, page_size, page_size + 1, 2 * page_size + 7,
+                                 *range(3 * page_size - 4, 3 * page_size + 20), num_keys - 2, num_keys - 1}))
+    q = torch.randn(q_pos.shape[0], kv_heads * group, d, generator=gen) * 3
+    k = torch.randn(num_keys, kv_heads, d, generator=gen)
+    v = torch.randn(num_keys, kv_heads, d, generator=gen)
+    pages, table = paged(k, v, page_size)
+    scale = 1 / math.sqrt(d)
+    got = paged_causal_attention(q, q_pos, pages, table, scale, tile=tile)
+    want = causal_attention_reference(q, k, v, q_pos, torch.arange(num_keys), scale)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    plan = TilePlan.build(q_pos, group)
+    torch_path = tiled_causal_attention(q, k.permute(1, 2, 0).contiguous(), v.transpose(0, 1).contiguous(), plan,
+                                        scale)
+    torch.testing.assert_close(got, torch_path, rtol=2e-5, atol=2e-5)
+
+
+def test_keys_after_each_query_are_never_read():
+    gen = torch.Generator().manual_seed(1)
+    k, v = torch.randn(200, 2, 64, generator=gen), torch.randn(200, 2, 64, generator=gen)
+    q_pos = torch.tensor([3, 4, 70, 150])
+    q = torch.randn(4, 6, 64, generator=gen)
+    pages, table = paged(k, v, 32)
+    before = paged_causal_attention(q, q_pos, pages, table, 0.125)
+    later = k.clone(), v.clone()
+    later[0][71:], later[1][71:] = 1e4, -1e4  # keys after the third query
+    pages2, table2 = paged(*later, 32)
+    after = paged_causal_attention(q, q_pos, pages2, table2, 0.125)
+    torch.testing.assert_close(after[:3], before[:3])
+    assert not torch.allclose(after[3], before[3])
+    # Slots past the last query (unwritten cache) may hold anything, NaN included.
+    halves = pages.view(pages.shape[0], 2, 2, 32 * 64)
+    kt, vv = halves[:, :, 0].view(-1, 2, 64, 32), halves[:, :, 1].view(-1, 2, 32, 64)
+    page, slot = table[150 // 32], 150 % 32 + 1
+    kt[page, :, :, slot:] = float("nan")
+    vv[page, :, slot:] = float("nan")
+    halves[table[-2:]] = float("nan")
+    torch.testing.assert_close(paged_causal_attention(q, q_pos, pages, table, 0.125), before)
+
+
+def test_large_scores_stay_finite():
+    k = torch.randn(300, 1, 64)
+    q = torch.randn(2, 1, 64) * 200  # scores in the thousands: online softmax must rescale, not overflow
+    q_pos = torch.tensor([150, 299])
+    v = torch.randn(300, 1, 64)
+    pages, table = paged(k, v, 32)
+    got = paged_causal_attention(q, q_pos, pages, table, 1.0)
+    want = causal_attention_reference(q, k, v, q_pos, torch.arange(300), 1.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_rejects_bad_input():
+    k = v = torch.randn(64, 1, 64)
+    pages, table = paged(k, v, 32)
+    q = torch.randn(2, 1, 64)
+    with pytest.raises(ValueError, match="sorted"):
+        paged_causal_attention(q, torch.tensor([5, 3]), pages, table, 1.0)
+    with pytest.raises(ValueError, match="needs 3"):
+        paged_causal_attention(q, torch.tensor([5, 70]), pages, table, 1.0)
+    with pytest.raises(ValueError, match="outside"):
+        paged_causal_attention(q, torch.tensor([5, 6]), pages, torch.tensor([99, 0]), 1.0)
+    with pytest.raises(ValueError, match="does not fit"):
+        paged_causal_attention(torch.randn(2, 1, 48), torch.tensor([5, 6]), pages, table, 1.0)
+    with pytest.raises(RuntimeError, match="unavailable"):
+        paged_causal_attention(q.bfloat16(), torch.tensor([5, 6]), pages.bfloat16(), table, 1.0)
+    assert not native_supported(torch.bfloat16, 64, 32) and not native_supported(torch.float32, 80, 32)
+    assert not native_supported(torch.float32, 64, 48)

@@ -190,7 +190,10 @@ def test_worker_shift_matches_chunk_computed_at_offset(stored_chunk, reference):
     _, kv, vllm_config = stored_chunk
     worker = WorkerSide(vllm_config, store=None, check_layer=1)
     delta = torch.full((kv.shape[0],), OFFSET, dtype=torch.long)
-    shifted = worker._shift_keys(kv[:, :, 0], delta)  # [tokens, layers, H, D]
+    staging = kv.clone()  # the fused in-place path: K rows of a [tokens, layers, 2, H, D] buffer
+    worker._shift_keys_(staging[:, :, 0], delta)
+    assert torch.equal(staging[:, :, 1], kv[:, :, 1])  # V untouched
+    shifted = staging[:, :, 0]  # [tokens, layers, H, D]
     errors = {layer: rel_err(shifted[:, layer], reference[OFFSET][layer][0]) for layer in LAYERS}
     print("relative errors per layer, worker shift:", errors)
     assert all(e < REL_TOL for e in errors.values()), errors
@@ -198,5 +201,6 @@ def test_worker_shift_matches_chunk_computed_at_offset(stored_chunk, reference):
         assert rel_err(kv[:, layer, 0], reference[OFFSET][layer][0]) > UNSHIFTED_MIN_REL, layer
     # And back (the dump direction: K computed at OFFSET is stored at chunk-local positions);
     # two fp32 rotations: ~2e-7 measured on random keys.
-    back = worker._shift_keys(shifted, -delta)
+    back = shifted.clone()
+    worker._shift_keys_(back, -delta)
     assert rel_err(back, kv[:, :, 0].contiguous()) < 1e-5

@@ -137,6 +137,12 @@ def test_cpu_scatter_writes_what_vllm_writes(cpu_op, block_size, dtype, use_vllm
     layout = CpuKVLayout(block_size, H, D, isa=_isa(block_size), use_vllm_op=use_vllm_op)
     layout.scatter(ours, slots, k, v)
     assert torch.equal(ours, ref)  # the whole cache: the rest is untouched
+    # Rows of a staging buffer ([tokens, layers, 2, H, D]), a stride apart, write the same.
+    staging = _rand((n, 3, 2, H, D), dtype, gen)
+    staging[:, 1, 0], staging[:, 1, 1] = k, v
+    again = _rand((nb, H, block_size, 2 * D), dtype, gen)
+    layout.scatter(again, slots, staging[:, 1, 0], staging[:, 1, 1])
+    assert torch.equal(layout.gather(again, slots)[0], k) and torch.equal(layout.gather(again, slots)[1], v)
 
 
 @pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
@@ -375,5 +381,11 @@ def test_gather_pages_head_major(backend):
     k, v = layout.gather(cache, (kernel_blocks[:, None] * 16 + torch.arange(16)).flatten())
     k_t, vh = layout.gather_pages_head_major(cache, kernel_blocks)
     assert torch.equal(k_t, k.permute(1, 2, 0)) and torch.equal(vh, v.transpose(0, 1))
+    k_only, none = layout.gather_pages_head_major(cache, kernel_blocks, values=False)
+    assert torch.equal(k_only, k_t) and none is None
+    if backend == "CPU_ATTN":  # the page view the native kernel reads: K^T then V per (page, head)
+        pages = layout.pages(cache)
+        assert torch.equal(pages[3, :, : 16 * D].view(H, D, 16), k_t[:, :, :16])
+        assert torch.equal(pages[3, :, 16 * D:].view(H, 16, D), vh[:, :16])
     k_t, vh = layout.gather_pages_head_major(cache, torch.empty(0, dtype=torch.long))
     assert k_t.shape == (H, D, 0) and vh.shape == (H, 0, D)

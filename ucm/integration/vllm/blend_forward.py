@@ -231,7 +231,7 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
         pages = meta.block_table[req, :(int(q_pos.max()) + block_size) // block_size].long()
         req_mass = torch.zeros(pages.shape[0] * block_size, dtype=torch.float32, device=hidden.device)
         for i, attn in zip(probe_layers, attns):
-            k_t, _ = step.layout.gather_pages_head_major(step.caches[i], pages)  # whole pages: one copy
+            k_t, _ = step.layout.gather_pages_head_major(step.caches[i], pages, values=False)  # one copy
             req_mass += attention_mass(captured[i][mine], k_t.permute(2, 0, 1), q_pos, attn.impl.scale)
         first, last = int(qsl[req]), int(qsl[req + 1])
         start = int(positions[first])

@@ -112,18 +112,18 @@ class KVLayout(ABC):
         return self._gather_kernel_blocks(kv_cache, kb)
 
     def gather_pages_head_major(
-        self, kv_cache: torch.Tensor, kernel_block_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, kv_cache: torch.Tensor, kernel_block_ids: torch.Tensor, values: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K transposed ``[H, D, n]`` and V ``[H, n, D]`` of every token of the kernel blocks
         ``kernel_block_ids`` (the attention metadata's block-table entries), in order: the
-        operands of a GEMM-based attention."""
+        operands of a GEMM-based attention. V is None with ``values=False``."""
         self._check(kv_cache)
         kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)
         if kb.numel() == 0:
             empty = self._empty(kv_cache)
-            return empty.permute(1, 2, 0), empty.transpose(0, 1)
+            return empty.permute(1, 2, 0), empty.transpose(0, 1) if values else None
         k, v = self._gather_kernel_blocks(kv_cache, kb)
-        return k.permute(1, 2, 0).contiguous(), v.transpose(0, 1).contiguous()
+        return k.permute(1, 2, 0).contiguous(), v.transpose(0, 1).contiguous() if values else None
 
     def scatter_blocks(
         self, kv_cache: torch.Tensor, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -332,7 +332,8 @@ class CpuKVLayout(KVLayout):
             nb, h, bs, _ = kv_cache.shape
             # Exactly how CPUAttentionBackendImpl.do_kv_cache_update calls it.
             key_cache, value_cache = kv_cache.view(nb, h, 2 * bs, self.head_size).chunk(2, dim=2)
-            op(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, self.isa)
+            # The op takes rows a stride apart (heads packed within a row): staging views go as they are.
+            op(_packed_rows(k), _packed_rows(v), key_cache, value_cache, slots, self.isa)
             return
         if self.use_vllm_op:
             raise RuntimeError("use_vllm_op=True but vLLM's cpu_attn_reshape_and_cache is not available")
@@ -355,13 +356,14 @@ class CpuKVLayout(KVLayout):
         self._check(kv_cache)
         return kv_cache.view(kv_cache.shape[0], self.num_kv_heads, -1)
 
-    def gather_pages_head_major(self, kv_cache, kernel_block_ids):
+    def gather_pages_head_major(self, kv_cache, kernel_block_ids, values=True):
         self._check(kv_cache)
         kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)
         kt, vv = self._views(kv_cache)
         h, d, m = self.num_kv_heads, self.head_size, kb.numel() * self.kernel_block_size
         # K is stored transposed per page already: one copy each, no per-token transpose.
-        return kt[kb].permute(1, 2, 0, 3).reshape(h, d, m), vv[kb].transpose(0, 1).reshape(h, m, d)
+        k_t = kt[kb].permute(1, 2, 0, 3).reshape(h, d, m)
+        return k_t, vv[kb].transpose(0, 1).reshape(h, m, d) if values else None
 
     def _scatter_kernel_blocks(self, kv_cache, kb, k, v):
         kt, vv = self._views(kv_cache)
@@ -376,6 +378,11 @@ class CpuKVLayout(KVLayout):
 
 
 @functools.cache
+def _packed_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ([n, H, D]) if each row's heads are packed, else a contiguous copy."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 def _vllm_cpu_reshape_and_cache():
     """vLLM's CPU cache-write op, or None when this vLLM build has none."""
     try:

@@ -191,39 +191,42 @@ class WorkerSide:
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
     def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Write every layer, K shifted; return the check layer's loaded V.
+        """Write every layer, K shifted (in `kv`, a buffer of ours); return the check layer's loaded V.
 
         `kv` is [tokens, layers, 2, H, D]. Layers before the check layer are needed too: rows
         that skip them (probed requests, full reuse) attend to the loaded KV there. The check
         layer's V is kept aside for the deviation test, because the selected tokens overwrite it
-        in the cache. All layers are shifted in one rotation, then scattered once per layer.
+        in the cache. All layers are shifted in one rotation, then scattered once per layer
+        straight from the staging rows (no per-layer copies).
         """
         assert self.layout is not None and self.check_layer is not None
-        k = self._shift_keys(kv[:, :, 0], delta)  # [tokens, layers, H, D]
+        self._shift_keys_(kv[:, :, 0], delta)
         for layer, cache in enumerate(self.caches):
-            self.layout.scatter(cache, slots, k[:, layer].to(self._device), kv[:, layer, 1].to(self._device))
+            self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
         return kv[:, self.check_layer, 1].to(self._device, copy=True)
 
-    def _shift_keys(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, as a new tensor.
+    def _shift_keys_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
+        """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.
 
-        Loads only shift forward (delta >= 0), which vLLM's fused in-place rotary kernel does for
-        all layers in one pass (layers act as extra heads); other cases use rotate_keys.
+        Loads only shift forward (delta >= 0), which vLLM's fused rotary kernel does for all layers
+        in one pass right in the staging buffer: each (token, layer) is a row of H heads, rows a
+        fixed stride apart. Other cases (dumps shift back) go through rotate_keys and a copy.
         """
         num_tokens, num_layers, heads, head_size = k.shape
-        flat = k.contiguous() if not k.is_contiguous() else k.clone()
-        fused = (flat.device.type == "cpu" and flat.dtype == self._cos_sin.dtype and num_tokens > 0
+        rows_evenly_spaced = (k.stride(3) == 1 and k.stride(2) == head_size
+                              and k.stride(0) == num_layers * k.stride(1))
+        fused = (k.device.type == "cpu" and k.dtype == self._cos_sin.dtype and num_tokens > 0 and rows_evenly_spaced
                  and self._rotary_dim == head_size and int(delta.min()) >= 0)
         if fused:
             from vllm import _custom_ops as ops
 
-            dummy_query = torch.empty((num_tokens, head_size), dtype=flat.dtype)
-            ops.rotary_embedding(delta, dummy_query, flat.view(num_tokens, -1), head_size, self._cos_sin,
+            rows = k.as_strided((num_tokens * num_layers, heads * head_size), (k.stride(1), 1))
+            ops.rotary_embedding(delta.repeat_interleave(num_layers), rows, None, head_size, self._cos_sin,
                                  self._is_neox)
-            return flat
-        rotated = rotate_keys(flat.view(num_tokens, num_layers * heads, head_size), delta, self._cos_sin,
+            return
+        rotated = rotate_keys(k.reshape(num_tokens, num_layers * heads, head_size), delta, self._cos_sin,
                               self._is_neox, self._rotary_dim)
-        return rotated.view(num_tokens, num_layers, heads, head_size)
+        k.copy_(rotated.view(num_tokens, num_layers, heads, head_size))
 
     def take_blend_step(self) -> BlendStep | None:
         step, self._blend_step = self._blend_step, None
@@ -254,7 +257,7 @@ class WorkerSide:
             out[:, layer, 0], out[:, layer, 1] = self.layout.gather(cache, slots)
         if dump.rope_delta:
             delta = torch.full((dump.num_tokens,), -dump.rope_delta, dtype=torch.long)
-            out[:, :, 0] = self._shift_keys(out[:, :, 0], delta)
+            self._shift_keys_(out[:, :, 0], delta)
         return out
 
     def _reap_dumps(self, block: bool) -> None:

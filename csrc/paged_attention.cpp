@@ -12,9 +12,17 @@
 // [head_dim, page_size] followed by V as [page_size, head_dim], float32.
 //
 // The kernel is compiled for AVX-512F via a target attribute and only called where the CPU has
-// it; `available()` says so, and Python falls back to the torch path otherwise.
+// it; `supports()` says so, and Python falls back to the torch path otherwise.
+//
+// Threads: the caller's thread works too, plus num_threads - 1 helpers. vLLM's CPU worker binds
+// each OpenMP thread to one core, and a thread inherits its creator's binding, so helpers would
+// all share the caller's core: Python passes the cores to pin them to (those of the process's
+// other threads), or none where the caller is not bound.
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -203,14 +211,20 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
 }
 
 template <int D>
-static void run(const Problem& pb, int num_threads) {
+static void run(const Problem& pb, int num_threads, const std::vector<int>& helper_cpus) {
   const int64_t tq = pb.tile_queries;
   const int64_t ntiles = (pb.n + tq - 1) / tq;
   const int64_t items = ntiles * pb.hk;
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::string error;
-  auto worker = [&] {
+  auto worker = [&](int helper) {
+    if (helper >= 0 && !helper_cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(helper_cpus[helper % helper_cpus.size()], &set);
+      pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort: unpinned if refused
+    }
     Scratch w;
     for (int64_t i; (i = next.fetch_add(1)) < items;) {
       // Last tiles first: they see the most keys, so the tail of the schedule is short.
@@ -226,8 +240,8 @@ static void run(const Problem& pb, int num_threads) {
   };
   const int extra = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items)) - 1;
   std::vector<std::thread> threads;
-  for (int i = 0; i < extra; ++i) threads.emplace_back(worker);
-  worker();
+  for (int i = 0; i < extra; ++i) threads.emplace_back(worker, i);
+  worker(-1);
   for (auto& t : threads) t.join();
   if (failed) throw std::runtime_error(error);
 }
@@ -244,7 +258,8 @@ bool supports(int head_dim, int page_size) {
 
 void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int64_t page_stride,
                             int64_t head_stride, uintptr_t table, int64_t num_pages, int hk, int group, int head_dim,
-                            int page_size, double scale, uintptr_t out, int tile_queries, int num_threads) {
+                            int page_size, double scale, uintptr_t out, int tile_queries, int num_threads,
+                            const std::vector<int>& helper_cpus) {
   if (!supports(head_dim, page_size))
     throw std::invalid_argument("paged_causal_attention: unsupported head_dim/page_size or CPU without AVX-512F");
   if (n <= 0) return;
@@ -256,9 +271,9 @@ void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pag
 #if defined(__x86_64__)
   py::gil_scoped_release release;
   if (head_dim == 64)
-    run<64>(pb, num_threads);
+    run<64>(pb, num_threads, helper_cpus);
   else
-    run<128>(pb, num_threads);
+    run<128>(pb, num_threads, helper_cpus);
 #endif
 }
 
@@ -271,6 +286,6 @@ PYBIND11_MODULE(_attention, m) {
   m.def("paged_causal_attention", &ucm_attn::paged_causal_attention, py::arg("q"), py::arg("pos"), py::arg("n"),
         py::arg("pages"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
         py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
-        py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"),
+        py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"),
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
 }

@@ -1,6 +1,9 @@
 """The native paged attention kernel against a dense causal reference and the torch path."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -101,3 +104,26 @@ def test_rejects_bad_input():
         paged_causal_attention(q.bfloat16(), torch.tensor([5, 6]), pages.bfloat16(), table, 1.0)
     assert not native_supported(torch.bfloat16, 64, 32) and not native_supported(torch.float32, 80, 32)
     assert not native_supported(torch.float32, 64, 48)
+
+
+HELPER_CPUS_SCRIPT = """
+import os, threading
+import ucm.sparse.blend.tiled_attention as ta
+print(ta._helper_cpus())
+ready, done = threading.Event(), threading.Event()
+def bound_elsewhere():  # like vLLM's OpenMP thread bound to the second core
+    os.sched_setaffinity(0, {1}); ready.set(); done.wait()
+t = threading.Thread(target=bound_elsewhere); t.start(); ready.wait()
+os.sched_setaffinity(0, {0})  # like vLLM's bound main thread
+print(ta._helper_cpus())
+done.set(); t.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two usable cores")
+def test_helper_threads_go_to_the_cores_of_the_other_threads():
+    """A bound caller's helpers would inherit its one core; they are pinned to the process's other cores."""
+    out = subprocess.run([sys.executable, "-c", HELPER_CPUS_SCRIPT], capture_output=True, text=True, check=True)
+    unbound, bound = out.stdout.split("\n")[:2]
+    assert unbound == "[]" and bound == "[1]"

@@ -16,6 +16,7 @@ torch path here is the fallback and the reference.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -151,5 +152,33 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     _native.paged_causal_attention(
         q.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), pages.stride(0), pages.stride(1), table.data_ptr(),
         needed, hk, hq // hk, d, page_size, float(scale), out.data_ptr(), DEFAULT_TILE if tile is None else tile,
-        torch.get_num_threads())
+        torch.get_num_threads(), _helper_cpus())
     return out
+
+
+_HELPER_CPUS: dict[tuple[int, frozenset], list[int]] = {}
+
+
+def _helper_cpus() -> list[int]:
+    """Cores for the kernel's helper threads: those of this process's other threads.
+
+    vLLM's CPU worker binds each OpenMP thread to one core; a helper started from the bound main
+    thread would inherit its core and halve the kernel's speed. Empty (no pinning) where the
+    caller is not bound to fewer cores than the process uses.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    mine = frozenset(os.sched_getaffinity(0))
+    key = (os.getpid(), mine)
+    if key not in _HELPER_CPUS:
+        used: set[int] = set()
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    used |= os.sched_getaffinity(int(tid))
+                except OSError:  # the thread ended
+                    pass
+        except OSError:
+            pass
+        _HELPER_CPUS[key] = sorted(used - mine)
+    return _HELPER_CPUS[key]

@@ -377,12 +377,12 @@ class CpuKVLayout(KVLayout):
         return _vllm_cpu_reshape_and_cache()
 
 
-@functools.cache
 def _packed_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` ([n, H, D]) if each row's heads are packed, else a contiguous copy."""
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
+@functools.cache
 def _vllm_cpu_reshape_and_cache():
     """vLLM's CPU cache-write op, or None when this vLLM build has none."""
     try:

@@ -35,7 +35,7 @@ from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (  # noqa: E402
     SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
     examples_and_model, format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios,
-    run_questions, summarize, unexpected_reports)
+    run_questions, store_capacity_gb, summarize, unexpected_reports)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
           f"modes:   {', '.join(m.name for m in modes)}", flush=True)
 
     started = time.time()
-    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
+                         capacity_gb=store_capacity_gb(args, store_dir, temp_store))
     try:
         results, counters = run(llm, examples, modes, args)
     finally:

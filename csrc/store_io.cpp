@@ -17,6 +17,8 @@
 #include <pybind11/stl.h>
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -759,12 +761,26 @@ using Job = std::pair<std::shared_ptr<Task>, size_t>;
 
 class IoEngine {
  public:
-  IoEngine(int num_threads, bool direct, bool fsync, double touch_interval_s) {
+  // cpus: cores for the IO threads (empty: inherit the creating thread's). A creator bound to one
+  // core by vLLM's CPU worker would otherwise leave every read to that core while the rest idle.
+  IoEngine(int num_threads, bool direct, bool fsync, double touch_interval_s, std::vector<int> cpus) {
     if (num_threads < 1 || num_threads > 256) throw py::value_error("num_threads must be in 1..256");
+    for (int c : cpus)
+      if (c < 0 || c >= CPU_SETSIZE) throw py::value_error("cpus: core " + std::to_string(c) + " out of range");
     opt_.direct = direct;
     opt_.fsync = fsync;
     opt_.touch_interval_s = touch_interval_s;
-    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    for (int i = 0; i < num_threads; ++i)
+      workers_.emplace_back([this, cpus] {
+        if (!cpus.empty()) {
+          cpu_set_t set;
+          CPU_ZERO(&set);
+          for (int c : cpus) CPU_SET(c, &set);
+          pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort: inherited if refused
+        }
+        pthread_setname_np(pthread_self(), "ucm-store-io");
+        worker_loop();
+      });
   }
 
   ~IoEngine() { shutdown(/*release_gil=*/false); }
@@ -1027,8 +1043,9 @@ PYBIND11_MODULE(_native, m) {
         "How many times O_DIRECT was refused and buffered IO used instead (process-wide).");
 
   py::class_<IoEngine>(m, "IoEngine")
-      .def(py::init<int, bool, bool, double>(), py::arg("num_threads"), py::arg("direct_io") = false,
-           py::arg("fsync") = false, py::arg("touch_interval_s") = 60.0)
+      .def(py::init<int, bool, bool, double, std::vector<int>>(), py::arg("num_threads"),
+           py::arg("direct_io") = false, py::arg("fsync") = false, py::arg("touch_interval_s") = 60.0,
+           py::arg("cpus") = std::vector<int>{})
       .def("submit_write", &IoEngine::submit_write, py::arg("keys"), py::arg("tmp_paths"),
            py::arg("final_paths"), py::arg("buffers"), py::arg("token_counts"))
       .def("submit_read", &IoEngine::submit_read, py::arg("keys"), py::arg("paths"), py::arg("buffers"))

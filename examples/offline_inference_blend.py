@@ -29,7 +29,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
                                  format_cache_table, format_counters, format_table, make_blend_llm, modes_for,
-                                 run_questions, summarize, unexpected_reports)
+                                 run_questions, store_capacity_gb, summarize, unexpected_reports)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
           f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
 
     modes = modes_for([args.ratio, 0.0], args.selections)
-    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
+                         capacity_gb=store_capacity_gb(args, store_dir, temp_store))
     try:
         results, counters = run(llm, examples, modes, args)
     finally:

@@ -1,14 +1,18 @@
 """Data set loaders, generated QA set, prompt building, F1 and the Blend evaluation summary."""
 
+import argparse
 import json
+import shutil
 
 import pytest
 
-from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, format_cache_table, format_counters, format_table,
-                                 indexing_prompts, modes_for, parse_ratios, parse_selections, summarize, unexpected_reports)
+from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, add_run_args, check_run_args, format_cache_table,
+                                 format_counters, format_table, indexing_prompts, modes_for, parse_ratios,
+                                 parse_selections, store_capacity_gb, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
+from ucm.store.config import GB
 
 
 def test_f1_and_short_answer():
@@ -105,6 +109,37 @@ def test_modes_per_selection_share_the_unranked_ratios():
     for bad in ("", "hkvd,random"):
         with pytest.raises(ValueError, match="selections"):
             parse_selections(bad)
+
+
+def _run_parser():
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_run_args(p, num_questions=1, passages=2, passage_words=10)
+    return p
+
+
+def test_store_is_capped_for_temporary_stores_only(tmp_path):
+    """A long run must not fill the disk: a temporary store gets half the free space, a user's store no cap."""
+    args = _run_parser().parse_args([])
+    assert store_capacity_gb(args, str(tmp_path), temporary=True) == pytest.approx(
+        shutil.disk_usage(tmp_path).free / 2 / GB, rel=0.05)
+    assert store_capacity_gb(args, str(tmp_path), temporary=False) is None
+    args = _run_parser().parse_args(["--store-capacity-gb", "3.5"])
+    assert store_capacity_gb(args, str(tmp_path), temporary=True) == 3.5
+    assert store_capacity_gb(args, str(tmp_path), temporary=False) == 3.5
+    p = _run_parser()
+    with pytest.raises(SystemExit):
+        check_run_args(p, p.parse_args(["--store-capacity-gb", "0"]))
+
+
+def test_transfer_config_carries_the_store_cap(tmp_path):
+    from ucm.integration.vllm.llm import ucm_transfer_config
+    from ucm.store.config import NfsStoreConfig
+
+    extra = ucm_transfer_config(tmp_path, 0.15, capacity_gb=2.0).kv_connector_extra_config
+    store = NfsStoreConfig.from_dict(extra["ucm_connectors"][0]["ucm_connector_config"])
+    assert store.capacity_bytes == 2 * GB and store.storage_backends
+    extra = ucm_transfer_config(tmp_path).kv_connector_extra_config
+    assert NfsStoreConfig.from_dict(extra["ucm_connectors"][0]["ucm_connector_config"]).capacity_bytes is None
 
 
 def test_indexing_prompts_are_system_plus_each_passage():

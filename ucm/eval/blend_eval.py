@@ -26,6 +26,7 @@ Nothing here imports vLLM at module level; engines are built by the callers' mai
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import time
@@ -37,6 +38,7 @@ from typing import Any
 from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
+from ucm.store.config import GB
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
 
 DEFAULT_CHECK_LAYER = "model.layers.1.self_attn.attn"
@@ -143,6 +145,10 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                         f"CacheBlend's rule) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    p.add_argument("--store-capacity-gb", type=float, default=None,
+                   help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
+                        "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "
+                        "prompts writes about 0.5 GiB per question")
 
 
 def check_run_args(p, args) -> None:
@@ -150,6 +156,8 @@ def check_run_args(p, args) -> None:
         p.error("--ratio must be in [0, 1]")
     if args.num_questions < 1:
         p.error("--num-questions must be at least 1")
+    if args.store_capacity_gb is not None and not args.store_capacity_gb > 0:
+        p.error("--store-capacity-gb must be positive")
 
 
 def examples_and_model(args) -> tuple[list, str]:
@@ -173,7 +181,7 @@ def examples_and_model(args) -> tuple[list, str]:
 
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
-                   **overrides: Any):
+                   capacity_gb: float | None = None, **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     A prompt blends only when it is scheduled in one step, hence max_num_batched_tokens; TTFT
@@ -183,7 +191,19 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
 
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
-    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio), **kwargs)
+    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb), **kwargs)
+
+
+def store_capacity_gb(args, store_dir: str, temporary: bool) -> float | None:
+    """The store cap of a command-line run: --store-capacity-gb, else half the free space for a temporary store.
+
+    Every question writes its chunks and its full-prefill blocks (about 0.5 GB at 6k tokens on the
+    embedded model); without a cap a long run fills the disk, after which nothing is stored and
+    every later question silently falls back to full computation.
+    """
+    if args.store_capacity_gb is not None or not temporary:
+        return args.store_capacity_gb
+    return shutil.disk_usage(store_dir).free / 2 / GB
 
 
 # ---- measuring -----------------------------------------------------------------------------------

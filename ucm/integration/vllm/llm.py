@@ -41,12 +41,14 @@ def make_llm(model: str, **overrides: Any):
 
 
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
-                        check_layer: str = "model.layers.1.self_attn.attn"):
+                        check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given."""
     from vllm.config import KVTransferConfig
 
-    extra: dict[str, Any] = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
-                                                 "ucm_connector_config": {"storage_backends": str(store_dir)}}]}
+    store: dict[str, Any] = {"storage_backends": str(store_dir)}
+    if capacity_gb is not None:
+        store["capacity_gb"] = capacity_gb
+    extra: dict[str, Any] = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": store}]}
     if blend_ratio is not None:
         extra["ucm_sparse_config"] = {"Blend": {"chunk_end_token_id": chunk_end_token_id,
                                                 "compute_meta": {check_layer: {"ratio": blend_ratio}}}}

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ucm.cpus import process_cpus
+
 DEFAULT_TILE = 32  # queries per tile; 24-48 measured within 5% of each other
 
 try:
@@ -162,23 +164,14 @@ _HELPER_CPUS: dict[tuple[int, frozenset], list[int]] = {}
 def _helper_cpus() -> list[int]:
     """Cores for the kernel's helper threads: those of this process's other threads.
 
-    vLLM's CPU worker binds each OpenMP thread to one core; a helper started from the bound main
-    thread would inherit its core and halve the kernel's speed. Empty (no pinning) where the
-    caller is not bound to fewer cores than the process uses.
+    A helper started from vLLM's bound main thread would inherit its core and halve the kernel's
+    speed (see ucm/cpus.py). Empty (no pinning) where the caller is not bound to fewer cores than
+    the process uses.
     """
     if not hasattr(os, "sched_getaffinity"):
         return []
     mine = frozenset(os.sched_getaffinity(0))
     key = (os.getpid(), mine)
     if key not in _HELPER_CPUS:
-        used: set[int] = set()
-        try:
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    used |= os.sched_getaffinity(int(tid))
-                except OSError:  # the thread ended
-                    pass
-        except OSError:
-            pass
-        _HELPER_CPUS[key] = sorted(used - mine)
+        _HELPER_CPUS[key] = sorted(process_cpus() - mine)
     return _HELPER_CPUS[key]

@@ -22,10 +22,8 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (  # noqa: E402
     SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
     examples_and_model, format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios,
-    run_questions, store_capacity_gb, summarize, unexpected_reports)
+    run_questions, run_store, summarize, unexpected_reports)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -81,21 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     examples, args.model = examples_and_model(args)
     modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
-    temp_store = args.store_dir is None
-    store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-bench-")
-    print(f"model:   {args.model}\nstore:   {store_dir}{' (temporary)' if temp_store else ''}\n"
-          f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
-          f"modes:   {', '.join(m.name for m in modes)}", flush=True)
-
-    started = time.time()
-    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store_capacity_gb(args, store_dir, temp_store))
-    try:
-        results, counters = run(llm, examples, modes, args)
-    finally:
-        shutdown(llm)
-        if temp_store:
-            shutil.rmtree(store_dir, ignore_errors=True)
+    with run_store(args, "ucm-blend-bench-") as store:
+        print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
+              f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
+              f"modes:   {', '.join(m.name for m in modes)}", flush=True)
+        started = time.time()
+        llm = make_blend_llm(args.model, store.path, ratio=args.ratio,
+                             max_num_batched_tokens=args.max_num_batched_tokens, capacity_gb=store.capacity_gb)
+        try:
+            results, counters = run(llm, examples, modes, args)
+        finally:
+            shutdown(llm)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1

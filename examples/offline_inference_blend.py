@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
                                  format_cache_table, format_counters, format_table, make_blend_llm, modes_for,
-                                 run_questions, store_capacity_gb, summarize, unexpected_reports)
+                                 run_questions, run_store, summarize, unexpected_reports)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,21 +46,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     examples, args.model = examples_and_model(args)
-    temp_store = args.store_dir is None
-    store_dir = args.store_dir or tempfile.mkdtemp(prefix="ucm-blend-store-")
-    print(f"model: {args.model}\nstore: {store_dir}{' (temporary)' if temp_store else ''}\n"
-          f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
-
     modes = modes_for([args.ratio, 0.0], args.selections)
-    llm = make_blend_llm(args.model, store_dir, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store_capacity_gb(args, store_dir, temp_store))
-    try:
-        results, counters = run(llm, examples, modes, args)
-    finally:
-        shutdown(llm)
-        if temp_store and not args.keep_store:
-            shutil.rmtree(store_dir, ignore_errors=True)
-            print(f"removed the temporary store {store_dir}")
+    with run_store(args, "ucm-blend-store-", keep=args.keep_store) as store:
+        print(f"model: {args.model}\nstore: {store.path}{' (temporary)' if store.temporary else ''}\n"
+              f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
+        llm = make_blend_llm(args.model, store.path, ratio=args.ratio,
+                             max_num_batched_tokens=args.max_num_batched_tokens, capacity_gb=store.capacity_gb)
+        try:
+            results, counters = run(llm, examples, modes, args)
+        finally:
+            shutdown(llm)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1

@@ -2,13 +2,18 @@
 
 import argparse
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
 from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, add_run_args, check_run_args, format_cache_table,
                                  format_counters, format_table, indexing_prompts, modes_for, parse_ratios,
-                                 parse_selections, store_capacity_gb, summarize, unexpected_reports)
+                                 parse_selections, run_store, store_capacity_gb, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
@@ -129,6 +134,34 @@ def test_store_is_capped_for_temporary_stores_only(tmp_path):
     p = _run_parser()
     with pytest.raises(SystemExit):
         check_run_args(p, p.parse_args(["--store-capacity-gb", "0"]))
+
+
+SIGTERM_SCRIPT = """
+import argparse, os, signal, sys
+from ucm.eval.blend_eval import run_store
+args = argparse.Namespace(store_dir=None, store_capacity_gb=None)
+with run_store(args, "ucm-test-store-") as store:
+    open(os.path.join(store.path, "block"), "wb").write(b"x" * 1024)
+    print(store.path, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+"""
+
+
+def test_a_terminated_run_removes_its_temporary_store():
+    out = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, timeout=60)
+    path = out.stdout.split("\n")[0]
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr
+    assert path.startswith(tempfile.gettempdir()) and not os.path.exists(path)
+    assert "removed the temporary store" in out.stdout
+
+
+def test_a_given_store_dir_is_kept(tmp_path):
+    args = argparse.Namespace(store_dir=str(tmp_path / "mine"), store_capacity_gb=None)
+    os.makedirs(args.store_dir)
+    with run_store(args, "unused-") as store:
+        assert store.path == args.store_dir and not store.temporary and store.capacity_gb is None
+    assert os.path.isdir(args.store_dir)
 
 
 def test_transfer_config_carries_the_store_cap(tmp_path):

@@ -26,9 +26,13 @@ Nothing here imports vLLM at module level; engines are built by the callers' mai
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import statistics
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -192,6 +196,38 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb), **kwargs)
+
+
+@dataclass
+class RunStore:
+    path: str
+    temporary: bool
+    capacity_gb: float | None
+
+
+@contextlib.contextmanager
+def run_store(args, prefix: str, keep: bool = False):
+    """The store of a command-line run: --store-dir, else a temporary directory removed at the end.
+
+    SIGTERM (`timeout`, `kill`) ends the run through the same clean-up, so a stopped run does not
+    leave gigabytes of KV behind (SIGKILL still does).
+    """
+    temporary = args.store_dir is None
+    path = args.store_dir or tempfile.mkdtemp(prefix=prefix)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
+    try:
+        yield RunStore(path, temporary, store_capacity_gb(args, path, temporary))
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        if temporary and not keep:
+            shutil.rmtree(path, ignore_errors=True)
+            print(f"removed the temporary store {path}", flush=True)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def store_capacity_gb(args, store_dir: str, temporary: bool) -> float | None:

@@ -29,11 +29,10 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (  # noqa: E402
     SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
-    examples_and_model, format_cache_table, format_counters, format_table, make_blend_llm, modes_for, parse_ratios,
-    run_questions, run_store, summarize, unexpected_reports)
+    examples_and_model, format_cache_table, format_counters, format_table, modes_for, parse_ratios,
+    run_on_engine, run_questions, run_store, summarize, unexpected_reports)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -84,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
               f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
               f"modes:   {', '.join(m.name for m in modes)}", flush=True)
         started = time.time()
-        llm = make_blend_llm(args.model, store.path, ratio=args.ratio,
-                             max_num_batched_tokens=args.max_num_batched_tokens, capacity_gb=store.capacity_gb)
-        try:
-            results, counters = run(llm, examples, modes, args)
-        finally:
-            shutdown(llm)
+        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args))
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1

@@ -24,10 +24,9 @@ import sys
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-from ucm.integration.vllm.llm import shutdown  # noqa: E402
 from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
-                                 format_cache_table, format_counters, format_table, make_blend_llm, modes_for,
-                                 run_questions, run_store, summarize, unexpected_reports)
+                                 format_cache_table, format_counters, format_table, modes_for,
+                                 run_on_engine, run_questions, run_store, summarize, unexpected_reports)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     with run_store(args, "ucm-blend-store-", keep=args.keep_store) as store:
         print(f"model: {args.model}\nstore: {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
-        llm = make_blend_llm(args.model, store.path, ratio=args.ratio,
-                             max_num_batched_tokens=args.max_num_batched_tokens, capacity_gb=store.capacity_gb)
-        try:
-            results, counters = run(llm, examples, modes, args)
-        finally:
-            shutdown(llm)
+        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args))
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1

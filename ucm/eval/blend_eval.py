@@ -198,6 +198,18 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb), **kwargs)
 
 
+def run_on_engine(args, store: "RunStore", fn: Callable[[Any], Any]):
+    """fn(llm) on a Blend engine for a command-line run, stopped afterwards whatever happens."""
+    from ucm.integration.vllm.llm import shutdown
+
+    llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
+                         capacity_gb=store.capacity_gb)
+    try:
+        return fn(llm)
+    finally:
+        shutdown(llm)
+
+
 @dataclass
 class RunStore:
     path: str

@@ -1,0 +1,49 @@
+"""The main job and the benchmark, run as a user runs them (real engine, generated data, 1 question)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    out = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True, env=env,
+                         timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def test_main_job_reports_every_mode_and_removes_its_store(model_dir, tmp_path):
+    out = _run("examples/offline_inference_blend.py", "--num-questions", "1", "-q", "--selections", "query,hkvd",
+               env_extra={"MODEL_PATH": str(model_dir), "TMPDIR": str(tmp_path)})
+    table = out.stdout[out.stdout.index("mode "):]
+    for mode in ("full prefill", "blend 0.15", "full reuse", "hkvd 0.15"):
+        assert mode in table
+    rows = {line.split("  ")[0].strip(): line for line in table.splitlines() if line[:1].isalpha()}
+    # Every Blend mode blended its one request, loading the chunks the indexing step stored.
+    for mode in ("blend 0.15", "full reuse", "hkvd 0.15"):
+        assert " 1/1 " in [r for k, r in rows.items() if k == mode][-1], table
+    assert "removed the temporary store" in out.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ucm-blend-store-")]
+
+
+def test_benchmark_sweep_writes_json(model_dir, tmp_path):
+    result = tmp_path / "bench.json"
+    _run("benchmarks/blend_bench.py", "--generated", "--num-questions", "1", "--passages", "4",
+         "--passage-words", "120", "--sweep", "--ratios", "0,0.15,1", "--no-plot", "--out", str(result),
+         env_extra={"MODEL_PATH": str(model_dir)})
+    data = json.loads(result.read_text())
+    summary = {s["mode"]: s for s in data["summary"]}
+    assert set(summary) >= {"full prefill", "full reuse", "blend 0.15", "blend 1", "hkvd 0.15"}
+    assert all(s["n"] == 1 for s in summary.values())
+    for mode in ("full reuse", "blend 0.15", "blend 1"):
+        assert summary[mode]["blended"] == 1 and summary[mode]["chunk_hit_tokens"] > 0
+    # Ratio 1 recomputes every loaded token: the answer is full prefill's.
+    assert summary["blend 1"]["agree_pct"] == 100.0
+    assert summary["blend 0.15"]["recomputed_tokens"] < summary["blend 1"]["recomputed_tokens"]

@@ -42,8 +42,8 @@ from typing import Any
 from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
-from ucm.store.config import GB
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
+from ucm.store.config import GB
 
 DEFAULT_CHECK_LAYER = "model.layers.1.self_attn.attn"
 DEFAULT_RATIO = 0.15
@@ -198,7 +198,14 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb), **kwargs)
 
 
-def run_on_engine(args, store: "RunStore", fn: Callable[[Any], Any]):
+@dataclass
+class RunStore:
+    path: str
+    temporary: bool
+    capacity_gb: float | None
+
+
+def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
     """fn(llm) on a Blend engine for a command-line run, stopped afterwards whatever happens."""
     from ucm.integration.vllm.llm import shutdown
 
@@ -208,13 +215,6 @@ def run_on_engine(args, store: "RunStore", fn: Callable[[Any], Any]):
         return fn(llm)
     finally:
         shutdown(llm)
-
-
-@dataclass
-class RunStore:
-    path: str
-    temporary: bool
-    capacity_gb: float | None
 
 
 @contextlib.contextmanager
@@ -245,9 +245,9 @@ def _exit_on_sigterm(signum, frame):
 def store_capacity_gb(args, store_dir: str, temporary: bool) -> float | None:
     """The store cap of a command-line run: --store-capacity-gb, else half the free space for a temporary store.
 
-    Every question writes its chunks and its full-prefill blocks (about 0.5 GB at 6k tokens on the
-    embedded model); without a cap a long run fills the disk, after which nothing is stored and
-    every later question silently falls back to full computation.
+    Every question writes its chunks and its full-prefill blocks (about 0.5 GiB at 6k tokens on the
+    embedded model); without a cap a long run fills the disk, after which nothing more is stored
+    and every later question falls back to full computation (with a warning per request).
     """
     if args.store_capacity_gb is not None or not temporary:
         return args.store_capacity_gb

@@ -28,8 +28,8 @@ def process_cpus() -> frozenset[int]:
     return frozenset(used)
 
 
-def caller_is_bound() -> bool:
-    """Whether the calling thread may use fewer cores than the process's threads together."""
+def other_cpus() -> frozenset[int]:
+    """Cores the process's threads use that the calling thread may not (empty: the caller is not bound)."""
     if not hasattr(os, "sched_getaffinity"):
-        return False
-    return frozenset(os.sched_getaffinity(0)) < process_cpus()
+        return frozenset()
+    return process_cpus() - frozenset(os.sched_getaffinity(0))

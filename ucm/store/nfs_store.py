@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ucm.cpus import caller_is_bound, process_cpus
+from ucm.cpus import other_cpus
 from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byte_view, validate_keys
 from ucm.store.block_format import CORRUPT_STATUSES, IoStatus, file_size, read_header
 from ucm.store.capacity import CapacityLimiter
@@ -47,7 +47,8 @@ class UcmNfsStore(KVStoreBase):
         self._limiter = CapacityLimiter(cfg.capacity_bytes) if cfg.capacity_bytes else None
         self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
         # Created from vLLM's bound worker thread, the IO threads would share its one core.
-        io_cpus = sorted(process_cpus()) if caller_is_bound() else []
+        others = other_cpus()
+        io_cpus = sorted(others | os.sched_getaffinity(0)) if others else []
         self._engine = _native.IoEngine(cfg.io_threads, cfg.io_direct, cfg.fsync, cfg.touch_interval_s, io_cpus)
         self._stats = StoreStats()
         self._lock = threading.Lock()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.cpus import process_cpus
+from ucm.cpus import other_cpus
 
 DEFAULT_TILE = 32  # queries per tile; 24-48 measured within 5% of each other
 
@@ -173,5 +173,5 @@ def _helper_cpus() -> list[int]:
     mine = frozenset(os.sched_getaffinity(0))
     key = (os.getpid(), mine)
     if key not in _HELPER_CPUS:
-        _HELPER_CPUS[key] = sorted(process_cpus() - mine)
+        _HELPER_CPUS[key] = sorted(other_cpus())
     return _HELPER_CPUS[key]

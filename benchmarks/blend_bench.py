@@ -19,9 +19,7 @@ vLLM logs at WARNING level unless VLLM_LOGGING_LEVEL says otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,8 +29,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 
 from ucm.eval.blend_eval import (  # noqa: E402
     SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
-    examples_and_model, format_cache_table, format_counters, format_table, modes_for, parse_ratios,
-    run_on_engine, run_questions, run_store, summarize, unexpected_reports)
+    examples_and_model, format_counters, format_tables, modes_for, parse_ratios, run_on_engine, run_questions,
+    run_store, summarize, unexpected_reports, write_results_json)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
@@ -95,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: {line}")
     if args.out:
         out = Path(args.out)
-        write_json(out, args, results, summaries, modes, started, counters)
+        write_results_json(out, args, results, summaries, modes, started, counters)
         print(f"\nwrote {out}")
         if not args.no_plot:
             png = out.with_suffix(".png")
@@ -126,7 +124,7 @@ def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args,
           f"(mean {statistics.mean(tokens):.0f}), {args.max_tokens} answer tokens ==")
     print(f"indexing step (all passages of a question, batched): median "
           f"{statistics.median(r.index_s for r in results):.2f}s\n")
-    print(format_table(summaries) + "\n\n" + format_cache_table(summaries))
+    print(format_tables(summaries))
     by_name = {s.mode: s for s in summaries}
     full = by_name.get("full prefill")
     blend = by_name.get(blend_mode(args.ratio, args.selections[0]).name)
@@ -136,31 +134,6 @@ def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args,
     print("\n" + TABLE_NOTES)
     if counters:
         print("\nUCM connector counters of the whole run (indexing and warm-up included):\n" + format_counters(counters))
-
-
-def write_json(path: Path, args, results, summaries, modes, started: float, counters: dict) -> None:
-    from dataclasses import asdict
-
-    tokens = [r.prompt_tokens for r in results]
-    data = {
-        "config": {
-            "model": args.model, "dataset": args.dataset or "generated", "num_questions": len(results),
-            "passages": args.passages if args.dataset is None else None,
-            "passage_words": args.passage_words if args.dataset is None else None,
-            "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
-            "selections": args.selections,
-            "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "duration_s": round(time.time() - started, 1),
-        },
-        "prompt_tokens": {"min": min(tokens), "max": max(tokens), "mean": statistics.mean(tokens)},
-        "summary": [s.to_dict() for s in summaries],
-        "counters": counters,
-        "questions": [{"question": r.question, "prompt_tokens": r.prompt_tokens, "index_s": r.index_s,
-                       "measurements": [asdict(m) for m in r.measurements]} for r in results],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:

@@ -21,12 +21,13 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
-                                 format_cache_table, format_counters, format_table, modes_for,
-                                 run_on_engine, run_questions, run_store, summarize, unexpected_reports)
+                                 format_counters, format_tables, modes_for, run_on_engine, run_questions, run_store,
+                                 summarize, unexpected_reports, write_results_json)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_args(p, num_questions=4, passages=6, passage_words=250)
     p.add_argument("--keep-store", action="store_true", help="keep the temporary store directory")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print each question's answers")
+    p.add_argument("--out", default=None, help="also write the run as JSON (summary and every answer) to this file")
     args = p.parse_args(argv)
     check_run_args(p, args)
     return args
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     examples, args.model = examples_and_model(args)
     modes = modes_for([args.ratio, 0.0], args.selections)
+    started = time.time()
     with run_store(args, "ucm-blend-store-", keep=args.keep_store) as store:
         print(f"model: {args.model}\nstore: {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
@@ -60,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
           f"(mean {statistics.mean(tokens):.0f}); indexing step {statistics.mean(r.index_s for r in results):.2f}s "
           "per question (all passages, batched)\n")
     summaries = summarize(measurements, modes)
-    print(format_table(summaries) + "\n\n" + format_cache_table(summaries))
+    print(format_tables(summaries))
     print("\n" + TABLE_NOTES)
     if counters:
         print("\nUCM connector counters of the whole run (indexing and warm-up included):\n" + format_counters(counters))
     problems = unexpected_reports(measurements)
     for line in problems:
         print(f"WARNING: {line}")
+    if args.out:
+        write_results_json(args.out, args, results, summaries, modes, started, counters)
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -20,8 +20,9 @@ def _run(script: str, *args: str, env_extra: dict | None = None) -> subprocess.C
 
 
 def test_main_job_reports_every_mode_and_removes_its_store(model_dir, tmp_path):
+    result = tmp_path / "main.json"
     out = _run("examples/offline_inference_blend.py", "--num-questions", "1", "-q", "--selections", "query,hkvd",
-               env_extra={"MODEL_PATH": str(model_dir), "TMPDIR": str(tmp_path)})
+               "--out", str(result), env_extra={"MODEL_PATH": str(model_dir), "TMPDIR": str(tmp_path)})
     table = out.stdout[out.stdout.index("mode "):]
     for mode in ("full prefill", "blend 0.15", "full reuse", "hkvd 0.15"):
         assert mode in table
@@ -31,6 +32,10 @@ def test_main_job_reports_every_mode_and_removes_its_store(model_dir, tmp_path):
     for mode in ("blend 0.15", "full reuse", "hkvd 0.15"):
         assert " 1/1 " in rows[mode], table
     assert "removed the temporary store" in out.stdout
+    data = json.loads(result.read_text())
+    assert {s["mode"] for s in data["summary"]} == {"full prefill", "blend 0.15", "full reuse", "hkvd 0.15"}
+    [question] = data["questions"]
+    assert len(question["measurements"]) == 4 and all(m["answer"] is not None for m in question["measurements"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("ucm-blend-store-")]
 
 

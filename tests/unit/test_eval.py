@@ -12,10 +12,11 @@ import tempfile
 import pytest
 
 from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, add_run_args, check_run_args, format_cache_table,
-                                 format_counters, format_table, indexing_prompts, modes_for, parse_ratios,
-                                 parse_selections, run_store, store_capacity_gb, summarize, unexpected_reports)
+                                 format_counters, format_interval_table, format_table, format_tables,
+                                 indexing_prompts, modes_for, parse_ratios, parse_selections, run_store,
+                                 store_capacity_gb, summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
-from ucm.eval.metrics import best_f1, short_answer, token_f1
+from ucm.eval.metrics import best_f1, bootstrap_ci, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
 from ucm.store.config import GB
 
@@ -200,6 +201,13 @@ def test_summary_medians_speedup_quality_and_counters():
     assert blend.median_ttft_s == 2.0 and blend.mean_ttft_s == 4.0 and blend.speedup == 2.5
     assert blend.f1_gold == pytest.approx(2 / 3) and blend.f1_vs_full == pytest.approx(2 / 3)
     assert blend.agree_pct == pytest.approx(200 / 3)
+    # Paired with full prefill question by question: 1-1, 0-0, 1-1.
+    assert blend.f1_gold_delta == 0.0 and full.f1_gold_delta is None and full.f1_vs_full_ci is None
+    lo, hi = blend.agree_pct_ci
+    assert 0.0 <= lo < blend.agree_pct < hi <= 100.0
+    intervals = format_interval_table([full, blend]).splitlines()
+    assert len(intervals) == 3 and intervals[2].startswith("blend 0.15") and "67% (" in intervals[2]
+    assert format_tables([full, blend]).count("mode ") == 3
     assert (blend.blended, blend.chunk_hit_tokens, blend.chunk_hit_blocks, blend.chunk_blocks) == (2, 270, 9, 9)
     table = format_table([full, blend]).splitlines()
     assert table[0].split()[:2] == ["mode", "ratio"] and set(table[1]) <= {"-", " "}
@@ -239,3 +247,15 @@ def test_check_fits_warns_and_leaves_out_prompts_too_long():
     assert [i for i, _ in kept] == [0, 1]
     assert len(warnings) == 2 and "question 1" in warnings[0] and "max_num_batched_tokens=150" in warnings[0]
     assert "question 2" in warnings[1] and "left out" in warnings[1]
+
+
+def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_questions():
+    assert bootstrap_ci([1.0]) is None and bootstrap_ci([]) is None
+    assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    few = [1.0, 0.0] * 10
+    many = few * 10
+    lo_few, hi_few = bootstrap_ci(few)
+    lo_many, hi_many = bootstrap_ci(many)
+    assert lo_few < 0.5 < hi_few and lo_many < 0.5 < hi_many
+    assert hi_many - lo_many < (hi_few - lo_few) / 2  # ~1/sqrt(10) as wide
+    assert bootstrap_ci(few) == (lo_few, hi_few)  # seeded

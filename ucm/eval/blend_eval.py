@@ -27,6 +27,9 @@ Nothing here imports vLLM at module level; engines are built by the callers' mai
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
 import shutil
 import signal
 import statistics
@@ -37,11 +40,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.eval.datasets import QAExample
-from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
+from ucm.eval.metrics import best_f1, bootstrap_ci, normalize_answer, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
 from ucm.store.config import GB
 
@@ -484,6 +488,12 @@ class ModeSummary:
     reused_tokens: int = 0
     load_bytes: int = 0
     load_ms: float = 0.0
+    # Paired with full prefill question by question: this mode's F1 gold minus full prefill's.
+    f1_gold_delta: float | None = None
+    # 95% bootstrap intervals over the questions (None for full prefill itself or one question).
+    f1_gold_delta_ci: tuple[float, float] | None = None
+    f1_vs_full_ci: tuple[float, float] | None = None
+    agree_pct_ci: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -498,6 +508,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
     by_mode = {m.name: [x for x in measurements if x.mode == m.name] for m in modes}
     full_rows = by_mode.get(FULL_PREFILL.name) or []
     full_median = statistics.median(x.ttft_s for x in full_rows) if full_rows else None
+    full_gold = {x.question: x.f1_gold for x in full_rows}
     out = []
     for mode in modes:
         rows = by_mode[mode.name]
@@ -507,6 +518,9 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
         median = statistics.median(ttfts)
         vs_full = [x.f1_vs_full for x in rows if x.f1_vs_full is not None]
         agree = [x.agrees_with_full for x in rows if x.agrees_with_full is not None]
+        paired = [x for x in rows if x.question in full_gold] if mode.ratio is not None else []
+        deltas = [x.f1_gold - full_gold[x.question] for x in paired]
+        agree_ci = bootstrap_ci([100.0 * a for a in agree])
 
         def total(key: str) -> int:
             return sum(int(x.report.get(key) or 0) for x in rows)
@@ -527,6 +541,8 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             dumped_blocks=total("dumped_blocks"),
             recomputed_tokens=int(counted("recomputed_tokens")), reused_tokens=int(counted("reused_tokens")),
             load_bytes=int(counted("load_bytes")), load_ms=float(counted("load_ms")),
+            f1_gold_delta=statistics.mean(deltas) if deltas else None, f1_gold_delta_ci=bootstrap_ci(deltas),
+            f1_vs_full_ci=bootstrap_ci(vs_full), agree_pct_ci=agree_ci,
         ))
     return out
 
@@ -543,6 +559,27 @@ def format_table(summaries: Sequence[ModeSummary]) -> str:
         _fmt(s.speedup, ".2f", "x"), _fmt(s.f1_gold, ".3f"), _fmt(s.f1_vs_full, ".3f"), _fmt(s.agree_pct, ".0f", "%"),
     ] for s in summaries]
     return _aligned(header, rows)
+
+
+def format_interval_table(summaries: Sequence[ModeSummary]) -> str:
+    """Quality against full prefill with 95% bootstrap intervals over the questions, one row per Blend mode."""
+    def with_ci(value: float | None, ci: tuple[float, float] | None, spec: str, suffix: str = "") -> str:
+        if value is None:
+            return "-"
+        text = f"{value:{spec}}{suffix}"
+        return text if ci is None else f"{text} ({ci[0]:{spec}} .. {ci[1]:{spec}}{suffix})"
+
+    header = ["mode", "n", "F1 gold - full prefill", "F1 vs full", "agree"]
+    rows = [[
+        s.mode, str(s.n), with_ci(s.f1_gold_delta, s.f1_gold_delta_ci, "+.3f"),
+        with_ci(s.f1_vs_full, s.f1_vs_full_ci, ".3f"), with_ci(s.agree_pct, s.agree_pct_ci, ".0f", "%"),
+    ] for s in summaries if s.ratio is not None]
+    return _aligned(header, rows)
+
+
+def format_tables(summaries: Sequence[ModeSummary]) -> str:
+    """The report of a run: speed and quality, quality with its intervals, what the cache did."""
+    return "\n\n".join([format_table(summaries), format_interval_table(summaries), format_cache_table(summaries)])
 
 
 def format_cache_table(summaries: Sequence[ModeSummary]) -> str:
@@ -587,10 +624,38 @@ TABLE_NOTES = (
     "full-prefill answer of the same question (token F1 / same normalised short answer).\n"
     "Modes: 'blend R' recomputes the share R of the loaded tokens ranked by the question's attention per\n"
     "cost x deviation (selection 'query'), 'hkvd R' by deviation alone (CacheBlend's rule); full reuse = 0.\n"
+    "Second table: F1 gold minus full prefill's, question by question, and the quality columns with their\n"
+    "95% bootstrap intervals over the questions (one question more or less moves small samples a lot).\n"
     "Cache table: blended, chunk hit blocks / tokens, dumped blocks: totals of the connector's per-request\n"
     "reports (kv_transfer_params['ucm']); recomputed tok (share of the loaded chunk tokens), loaded MB, load\n"
     "ms/req: the connector's statistics counters (vLLM's KV connector stats, vllm:ucm_*) during the requests."
 )
+
+
+def write_results_json(path: str | Path, args, results: Sequence[QuestionResult], summaries: Sequence[ModeSummary],
+                       modes: Sequence[Mode], started: float, counters: dict) -> None:
+    """A run as JSON: its configuration, the summary of each mode and every answer of every question."""
+    tokens = [r.prompt_tokens for r in results]
+    data = {
+        "config": {
+            "model": args.model, "dataset": args.dataset or "generated", "num_questions": len(results),
+            "passages": args.passages if args.dataset is None else None,
+            "passage_words": args.passage_words if args.dataset is None else None,
+            "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
+            "selections": args.selections,
+            "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "duration_s": round(time.time() - started, 1),
+        },
+        "prompt_tokens": {"min": min(tokens), "max": max(tokens), "mean": statistics.mean(tokens)},
+        "summary": [s.to_dict() for s in summaries],
+        "counters": counters,
+        "questions": [{"question": r.question, "prompt_tokens": r.prompt_tokens, "index_s": r.index_s,
+                       "measurements": [asdict(m) for m in r.measurements]} for r in results],
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def unexpected_reports(measurements: Sequence[Measurement]) -> list[str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -36,3 +39,20 @@ def short_answer(text: str) -> str:
     """Models keep talking after the answer; score its first sentence of the first line only."""
     line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
     return _SENTENCE_END.split(line, maxsplit=1)[0].rstrip(".")
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean over questions (None below 2 values).
+
+    Answer quality moves in steps of one question, so a mean over a few dozen questions needs its
+    interval next to it before two modes or two runs are compared. Seeded: a report is reproducible.
+    """
+    data = np.asarray(values, dtype=np.float64)
+    if data.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1.0 - level) / 2
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return float(lo), float(hi)

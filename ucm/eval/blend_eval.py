@@ -518,9 +518,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
         median = statistics.median(ttfts)
         vs_full = [x.f1_vs_full for x in rows if x.f1_vs_full is not None]
         agree = [x.agrees_with_full for x in rows if x.agrees_with_full is not None]
-        paired = [x for x in rows if x.question in full_gold] if mode.ratio is not None else []
-        deltas = [x.f1_gold - full_gold[x.question] for x in paired]
-        agree_ci = bootstrap_ci([100.0 * a for a in agree])
+        deltas = [] if mode.is_full else [x.f1_gold - full_gold[x.question] for x in rows if x.question in full_gold]
 
         def total(key: str) -> int:
             return sum(int(x.report.get(key) or 0) for x in rows)
@@ -542,7 +540,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             recomputed_tokens=int(counted("recomputed_tokens")), reused_tokens=int(counted("reused_tokens")),
             load_bytes=int(counted("load_bytes")), load_ms=float(counted("load_ms")),
             f1_gold_delta=statistics.mean(deltas) if deltas else None, f1_gold_delta_ci=bootstrap_ci(deltas),
-            f1_vs_full_ci=bootstrap_ci(vs_full), agree_pct_ci=agree_ci,
+            f1_vs_full_ci=bootstrap_ci(vs_full), agree_pct_ci=bootstrap_ci([100.0 * a for a in agree]),
         ))
     return out
 

@@ -8,8 +8,12 @@
 // at a time: scores for the page stay in L1/L2, softmax is online (flash style), and P.V is
 // accumulated right away. Two register-blocked AVX-512 micro-kernels do the FLOPs.
 //
-// Page layout (vLLM's CPU attention, ISA vec/vec16): for every (page, KV head), K transposed as
-// [head_dim, page_size] followed by V as [page_size, head_dim], float32.
+// Page formats (vLLM's CPU attention), for every (page, KV head) K then V:
+//   kF32, kBF16 (ISA vec/vec16): K transposed [head_dim, page_size], V [page_size, head_dim].
+//   kBF16Amx (ISA amx, bfloat16): VNNI tiles. K(t, d) at (t/16)*16*D + (d/2)*32 + (t%16)*2 + d%2,
+//     so one 64-byte load holds dims d, d+1 of 16 keys; V(t, d) at page_size*D + (d/16)*16*page_size
+//     + (t/2)*32 + (d%16)*2 + t%2, so one load holds 16 dims of keys t, t+1.
+// bfloat16 is widened to float32 in registers (a 16-bit shift); all arithmetic is float32.
 //
 // The kernel is compiled for AVX-512F via a target attribute and only called where the CPU has
 // it; `supports()` says so, and Python falls back to the torch path otherwise.
@@ -43,13 +47,15 @@ namespace py = pybind11;
 
 namespace ucm_attn {
 
+enum PageFormat { kF32 = 0, kBF16 = 1, kBF16Amx = 2 };
+
 struct Problem {
   const float* q;        // [n, hk * group, D], contiguous
   const int64_t* pos;    // [n], non-decreasing
   int64_t n;
-  const float* pages;    // page p, head h at pages + p * page_stride + h * head_stride
-  int64_t page_stride;   // in floats
-  int64_t head_stride;   // in floats
+  const void* pages;     // page p, head h at pages + p * page_stride + h * head_stride
+  int64_t page_stride;   // in elements
+  int64_t head_stride;   // in elements
   const int64_t* table;  // [num_pages]: the sequence's page ids, in key order
   int64_t num_pages;
   int hk, group, head_dim, page_size;
@@ -82,18 +88,45 @@ UCM_AVX512 static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// s[r, 0:32] = q[r, :] . kt[:, 0:32] for 12 rows; kt rows are ldk apart.
-template <int D>
-UCM_AVX512 static inline void qk_12x32(const float* q, const float* kt, int ldk, float* s, int lds) {
+// 16 floats from 16 consecutive elements of a page.
+UCM_AVX512 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+UCM_AVX512 static inline __m512 load16(const uint16_t* p) {  // bfloat16: the high half of a float32
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+// The even and odd bfloat16 elements of 32 interleaved ones (an AMX VNNI pair), as two float vectors.
+UCM_AVX512 static inline void load_pair(const uint16_t* p, __m512& even, __m512& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// s[r, 0:32] = q[r, :] . K[c0:c0+32, :] for 12 rows, K of one (page, head); ps = page size.
+template <int D, int Fmt, typename T>
+UCM_AVX512 static inline void qk_12x32(const float* q, const T* kt, int ps, int c0, float* s, int lds) {
   __m512 c[kQkRows][2];
   for (int r = 0; r < kQkRows; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
-  for (int d = 0; d < D; ++d) {
-    const __m512 k0 = _mm512_loadu_ps(kt + d * ldk);
-    const __m512 k1 = _mm512_loadu_ps(kt + d * ldk + 16);
-    for (int r = 0; r < kQkRows; ++r) {
-      const __m512 a = _mm512_set1_ps(q[r * D + d]);
-      c[r][0] = _mm512_fmadd_ps(a, k0, c[r][0]);
-      c[r][1] = _mm512_fmadd_ps(a, k1, c[r][1]);
+  if constexpr (Fmt == kBF16Amx) {
+    const T* tile = kt + static_cast<int64_t>(c0 / 16) * 16 * D;  // keys c0 .. c0+15; the next tile follows
+    for (int d = 0; d < D; d += 2) {
+      __m512 k0, k0n, k1, k1n;  // dims d (k0, k1) and d + 1 (k0n, k1n) of keys c0.. and c0+16..
+      load_pair(tile + d * 16, k0, k0n);
+      load_pair(tile + 16 * D + d * 16, k1, k1n);
+      for (int r = 0; r < kQkRows; ++r) {
+        const __m512 a = _mm512_set1_ps(q[r * D + d]), b = _mm512_set1_ps(q[r * D + d + 1]);
+        c[r][0] = _mm512_fmadd_ps(b, k0n, _mm512_fmadd_ps(a, k0, c[r][0]));
+        c[r][1] = _mm512_fmadd_ps(b, k1n, _mm512_fmadd_ps(a, k1, c[r][1]));
+      }
+    }
+  } else {
+    for (int d = 0; d < D; ++d) {
+      const __m512 k0 = load16(kt + d * ps + c0);
+      const __m512 k1 = load16(kt + d * ps + c0 + 16);
+      for (int r = 0; r < kQkRows; ++r) {
+        const __m512 a = _mm512_set1_ps(q[r * D + d]);
+        c[r][0] = _mm512_fmadd_ps(a, k0, c[r][0]);
+        c[r][1] = _mm512_fmadd_ps(a, k1, c[r][1]);
+      }
     }
   }
   for (int r = 0; r < kQkRows; ++r) {
@@ -102,19 +135,33 @@ UCM_AVX512 static inline void qk_12x32(const float* q, const float* kt, int ldk,
   }
 }
 
-// o[r, :] += p[r, 0:keys] . v[0:keys, :] for MR rows (MR * D / 16 = 24 accumulators).
-template <int D, int MR>
-UCM_AVX512 static inline void pv_block(const float* p, int ldp, const float* v, int keys, float* o) {
+// o[r, :] += p[r, 0:keys] . V[0:keys, :] for MR rows (MR * D / 16 = 24 accumulators).
+template <int D, int MR, int Fmt, typename T>
+UCM_AVX512 static inline void pv_block(const float* p, int ldp, const T* v, int ps, int keys, float* o) {
   constexpr int NV = D / 16;
   __m512 c[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int x = 0; x < NV; ++x) c[r][x] = _mm512_loadu_ps(o + r * D + 16 * x);
-  for (int j = 0; j < keys; ++j) {
-    __m512 vv[NV];
-    for (int x = 0; x < NV; ++x) vv[x] = _mm512_loadu_ps(v + j * D + 16 * x);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(p[r * ldp + j]);
-      for (int x = 0; x < NV; ++x) c[r][x] = _mm512_fmadd_ps(a, vv[x], c[r][x]);
+  if constexpr (Fmt == kBF16Amx) {
+    for (int j = 0; j < keys; j += 2) {
+      const bool two = j + 1 < keys;  // an odd tail: key j alone (p[j + 1] is not a score)
+      for (int x = 0; x < NV; ++x) {
+        __m512 va, vb;  // dims 16x.. of keys j and j + 1
+        load_pair(v + static_cast<int64_t>(x) * 16 * ps + j * 16, va, vb);
+        for (int r = 0; r < MR; ++r) {
+          c[r][x] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ldp + j]), va, c[r][x]);
+          if (two) c[r][x] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ldp + j + 1]), vb, c[r][x]);
+        }
+      }
+    }
+  } else {
+    for (int j = 0; j < keys; ++j) {
+      __m512 vv[NV];
+      for (int x = 0; x < NV; ++x) vv[x] = load16(v + j * D + 16 * x);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 a = _mm512_set1_ps(p[r * ldp + j]);
+        for (int x = 0; x < NV; ++x) c[r][x] = _mm512_fmadd_ps(a, vv[x], c[r][x]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -127,7 +174,7 @@ struct Scratch {
 };
 
 // One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
-template <int D>
+template <int D, int Fmt, typename T>
 UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
   constexpr int MR = 24 / (D / 16);  // P.V rows per block: 6 for D=64, 3 for D=128
   const int g = pb.group, ps = pb.page_size, hq = pb.hk * g;
@@ -153,8 +200,8 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t p = 0; p < npages; ++p) {
-    const float* kt = pb.pages + pb.table[p] * pb.page_stride + h * pb.head_stride;
-    const float* v = kt + static_cast<int64_t>(D) * ps;
+    const T* kt = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
+    const T* v = kt + static_cast<int64_t>(D) * ps;
     const int64_t base = p * ps;
     const int kend = static_cast<int>(std::min<int64_t>(ps, last + 1 - base));  // keys any row sees
     const int kpad = (kend + kQkKeys - 1) / kQkKeys * kQkKeys;
@@ -165,7 +212,7 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
     r_live = r_live / kQkRows * kQkRows;
     for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
       for (int r0 = r_live; r0 < R; r0 += kQkRows)
-        qk_12x32<D>(w.q.data() + r0 * D, kt + c0, ps, w.s.data() + r0 * lds + c0, lds);
+        qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * lds + c0, lds);
     for (int r = r_live; r < R; ++r) {
       float* srow = w.s.data() + r * lds;
       const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
@@ -199,7 +246,7 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
       }
     }
     for (int r0 = r_live; r0 < R; r0 += MR)
-      pv_block<D, MR>(w.s.data() + r0 * lds, lds, v, kend, w.o.data() + r0 * D);
+      pv_block<D, MR, Fmt>(w.s.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
   }
   for (int r = 0; r < rows; ++r) {
     const int64_t t = t0 + r / g;
@@ -210,7 +257,7 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
   }
 }
 
-template <int D>
+template <int D, int Fmt, typename T>
 static void run(const Problem& pb, int num_threads, const std::vector<int>& helper_cpus) {
   const int64_t tq = pb.tile_queries;
   const int64_t ntiles = (pb.n + tq - 1) / tq;
@@ -231,7 +278,7 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
       const int64_t tile = ntiles - 1 - i / pb.hk;
       const int h = static_cast<int>(i % pb.hk);
       try {
-        run_tile<D>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
+        run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
       } catch (const std::exception& e) {
         if (!failed.exchange(true)) error = e.what();
         next.store(items);
@@ -256,24 +303,37 @@ bool supports(int head_dim, int page_size) {
   return cpu_ok() && (head_dim == 64 || head_dim == 128) && page_size > 0 && page_size % 32 == 0;
 }
 
-void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int64_t page_stride,
-                            int64_t head_stride, uintptr_t table, int64_t num_pages, int hk, int group, int head_dim,
-                            int page_size, double scale, uintptr_t out, int tile_queries, int num_threads,
-                            const std::vector<int>& helper_cpus) {
+#if defined(__x86_64__)
+template <int D>
+static void run_format(const Problem& pb, int format, int num_threads, const std::vector<int>& helper_cpus) {
+  if (format == kF32)
+    run<D, kF32, float>(pb, num_threads, helper_cpus);
+  else if (format == kBF16)
+    run<D, kBF16, uint16_t>(pb, num_threads, helper_cpus);
+  else
+    run<D, kBF16Amx, uint16_t>(pb, num_threads, helper_cpus);
+}
+#endif
+
+void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int page_format,
+                            int64_t page_stride, int64_t head_stride, uintptr_t table, int64_t num_pages, int hk,
+                            int group, int head_dim, int page_size, double scale, uintptr_t out, int tile_queries,
+                            int num_threads, const std::vector<int>& helper_cpus) {
   if (!supports(head_dim, page_size))
     throw std::invalid_argument("paged_causal_attention: unsupported head_dim/page_size or CPU without AVX-512F");
+  if (page_format < kF32 || page_format > kBF16Amx) throw std::invalid_argument("unknown page format");
   if (n <= 0) return;
   if (hk <= 0 || group <= 0 || tile_queries <= 0) throw std::invalid_argument("hk, group and tile must be positive");
   Problem pb{reinterpret_cast<const float*>(q), reinterpret_cast<const int64_t*>(pos), n,
-             reinterpret_cast<const float*>(pages), page_stride, head_stride,
+             reinterpret_cast<const void*>(pages), page_stride, head_stride,
              reinterpret_cast<const int64_t*>(table), num_pages, hk, group, head_dim, page_size,
              static_cast<float>(scale), reinterpret_cast<float*>(out), tile_queries};
 #if defined(__x86_64__)
   py::gil_scoped_release release;
   if (head_dim == 64)
-    run<64>(pb, num_threads, helper_cpus);
+    run_format<64>(pb, page_format, num_threads, helper_cpus);
   else
-    run<128>(pb, num_threads, helper_cpus);
+    run_format<128>(pb, page_format, num_threads, helper_cpus);
 #endif
 }
 
@@ -281,10 +341,13 @@ void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pag
 
 PYBIND11_MODULE(_attention, m) {
   m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX-512F).";
+  m.attr("F32") = static_cast<int>(ucm_attn::kF32);
+  m.attr("BF16") = static_cast<int>(ucm_attn::kBF16);
+  m.attr("BF16_AMX") = static_cast<int>(ucm_attn::kBF16Amx);
   m.def("supports", &ucm_attn::supports, py::arg("head_dim"), py::arg("page_size"),
         "Whether this CPU and geometry can use the native kernel.");
   m.def("paged_causal_attention", &ucm_attn::paged_causal_attention, py::arg("q"), py::arg("pos"), py::arg("n"),
-        py::arg("pages"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
+        py::arg("pages"), py::arg("page_format"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
         py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
         py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"),
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");

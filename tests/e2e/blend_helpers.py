@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from vllm import SamplingParams
 
+from ucm.eval.datasets import generate_synthetic
+from ucm.eval.prompts import build_prompt
+
 LOGPROB_TOL = 1e-4
+MARKER = 2  # <|im_end|>, the chunk end token of the prompts below
 
 
 @dataclass
@@ -46,3 +50,13 @@ def assert_same(a: Result, b: Result, tol=LOGPROB_TOL):
     assert a.tokens == b.tokens
     for x, y in zip(a.logprobs, b.logprobs):
         assert math.isclose(x, y, abs_tol=tol), (a.logprobs, b.logprobs)
+
+
+def prompts(llm, seed, passages=4, words=200) -> tuple[list[int], list[int]]:
+    """Token ids of a generated question's prompt, passages in order and reversed."""
+    ex = generate_synthetic(num_examples=1, passages_per_example=passages, passage_words=words, seed=seed)[0]
+    tok = llm.get_tokenizer()
+    order = list(range(passages))
+    first = build_prompt(tok, ex, MARKER, order=order)
+    reordered = build_prompt(tok, ex, MARKER, order=order[::-1])
+    return first.token_ids, reordered.token_ids

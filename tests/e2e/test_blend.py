@@ -7,24 +7,11 @@ for them before the test. The reference is a plain engine without the connector.
 from __future__ import annotations
 
 import pytest
-from blend_helpers import assert_same, params, result, run
+from blend_helpers import MARKER, assert_same, params, prompts, result, run
 
-from ucm.eval.datasets import generate_synthetic
-from ucm.eval.prompts import build_prompt
-
-MARKER = 2  # <|im_end|>
 # Every prompt opens with the same system-message chunk (one partial block), stored by whichever
 # test runs first; a prompt's own passages are new to the cache.
 SHARED_SYSTEM_BLOCKS = 1
-
-
-def prompts(llm, seed, passages=4, words=200):
-    ex = generate_synthetic(num_examples=1, passages_per_example=passages, passage_words=words, seed=seed)[0]
-    tok = llm.get_tokenizer()
-    order = list(range(passages))
-    first = build_prompt(tok, ex, MARKER, order=order)
-    reordered = build_prompt(tok, ex, MARKER, order=order[::-1])
-    return first.token_ids, reordered.token_ids
 
 
 def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):

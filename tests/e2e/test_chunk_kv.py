@@ -204,3 +204,11 @@ def test_worker_shift_matches_chunk_computed_at_offset(stored_chunk, reference):
     back = shifted.clone()
     worker._shift_keys_(back, -delta)
     assert rel_err(back, kv[:, :, 0].contiguous()) < 1e-5
+    # A bfloat16 cache: its keys rotated in float32 and rounded once, so within half a bfloat16 ulp
+    # (2^-8 relative) of the exact rotation of the same bfloat16 keys; V untouched.
+    staging16 = kv.to(torch.bfloat16)
+    k16 = staging16[:, :, 0].float().reshape(kv.shape[0], -1, HEAD_SIZE)
+    exact = rotate_keys(k16, delta, worker._cos_sin, is_neox_style=True).view_as(shifted)
+    worker._shift_keys_(staging16[:, :, 0], delta)
+    assert torch.equal(staging16[:, :, 1], kv[:, :, 1].to(torch.bfloat16))
+    assert ((staging16[:, :, 0].float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()

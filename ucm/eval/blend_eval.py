@@ -153,6 +153,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                         f"CacheBlend's rule) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="model and KV dtype (default: float32 on CPU, the model's own elsewhere); on CPUs with AMX, "
+                        "bfloat16 prefill is about 3x faster than float32")
     p.add_argument("--store-capacity-gb", type=float, default=None,
                    help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
                         "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "
@@ -213,8 +216,9 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
     """fn(llm) on a Blend engine for a command-line run, stopped afterwards whatever happens."""
     from ucm.integration.vllm.llm import shutdown
 
+    dtype = {"dtype": args.dtype} if args.dtype else {}
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store.capacity_gb)
+                         capacity_gb=store.capacity_gb, **dtype)
     try:
         return fn(llm)
     finally:
@@ -640,7 +644,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "passages": args.passages if args.dataset is None else None,
             "passage_words": args.passage_words if args.dataset is None else None,
             "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
-            "selections": args.selections,
+            "selections": args.selections, "dtype": args.dtype or "default",
             "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),

@@ -54,6 +54,53 @@ def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile):
     torch.testing.assert_close(got, torch_path, rtol=2e-5, atol=2e-5)
 
 
+def vllm_pages(k, v, page_size, isa, spare=3, seed=0):
+    """K/V of one sequence ([S, Hk, D], bfloat16 or float32) written by vLLM's own cache-write op
+    for ``isa`` into shuffled pages among unused ones; returns (pages, table)."""
+    from ucm.integration.vllm.kv_layout import _vllm_cpu_reshape_and_cache
+
+    op = _vllm_cpu_reshape_and_cache()
+    if op is None:
+        pytest.skip("this vLLM build has no cpu_attn_reshape_and_cache")
+    s, hk, d = k.shape
+    n = (s + page_size - 1) // page_size
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(n + spare, hk, page_size, 2 * d, generator=g).to(k.dtype)
+    table = torch.randperm(n + spare, generator=g)[:n]
+    key_cache, value_cache = cache.view(n + spare, hk, 2 * page_size, d).chunk(2, dim=2)
+    slots = table[torch.arange(s) // page_size] * page_size + torch.arange(s) % page_size
+    op(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, isa)
+    return cache.view(n + spare, hk, -1), table
+
+
+@pytest.mark.parametrize("dtype,isa,page_format", [(torch.float32, "vec", "vec"), (torch.bfloat16, "vec", "vec"),
+                                                   (torch.bfloat16, "amx", "amx")], ids=["f32", "bf16", "bf16-amx"])
+@pytest.mark.parametrize("kv_heads,group,d,page_size", [(3, 3, 64, 32), (2, 2, 128, 64)])
+def test_pages_as_vllm_writes_them(dtype, isa, page_format, kv_heads, group, d, page_size):
+    """Pages written by vLLM's op in each format the kernel reads: float32 or bfloat16 in the vec
+    layout, and bfloat16 in AMX's VNNI tiles (the op packs them on any x86 CPU). The reference
+    computes in float32 on the same (rounded) K/V, so only summation order differs."""
+    pytest.importorskip("vllm")
+    gen = torch.Generator().manual_seed(d + page_size)
+    num_keys = 5 * page_size + 3  # a last page with an odd number of keys (AMX pairs them)
+    q_pos = torch.tensor(sorted({0, 1, 2, page_size - 1, page_size, 2 * page_size + 7,
+                                 *range(3 * page_size - 4, 3 * page_size + 9), num_keys - 2, num_keys - 1}))
+    q = torch.randn(q_pos.shape[0], kv_heads * group, d, generator=gen) * 3
+    k = torch.randn(num_keys, kv_heads, d, generator=gen).to(dtype)
+    v = torch.randn(num_keys, kv_heads, d, generator=gen).to(dtype)
+    pages, table = vllm_pages(k, v, page_size, isa)
+    scale = 1 / math.sqrt(d)
+    assert native_supported(dtype, d, page_size, page_format=page_format)
+    got = paged_causal_attention(q, q_pos, pages, table, scale, page_format=page_format)
+    want = causal_attention_reference(q, k.float(), v.float(), q_pos, torch.arange(num_keys), scale)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    # Queries in the model's dtype come back in it.
+    got16 = paged_causal_attention(q.to(dtype), q_pos, pages, table, scale, page_format=page_format)
+    assert got16.dtype == dtype
+    want16 = causal_attention_reference(q.to(dtype).float(), k.float(), v.float(), q_pos, torch.arange(num_keys), scale)
+    torch.testing.assert_close(got16, want16.to(dtype), rtol=1e-2, atol=1e-2)
+
+
 def test_keys_after_each_query_are_never_read():
     gen = torch.Generator().manual_seed(1)
     k, v = torch.randn(200, 2, 64, generator=gen), torch.randn(200, 2, 64, generator=gen)
@@ -101,9 +148,11 @@ def test_rejects_bad_input():
     with pytest.raises(ValueError, match="does not fit"):
         paged_causal_attention(torch.randn(2, 1, 48), torch.tensor([5, 6]), pages, table, 1.0)
     with pytest.raises(RuntimeError, match="unavailable"):
-        paged_causal_attention(q.bfloat16(), torch.tensor([5, 6]), pages.bfloat16(), table, 1.0)
-    assert not native_supported(torch.bfloat16, 64, 32) and not native_supported(torch.float32, 80, 32)
-    assert not native_supported(torch.float32, 64, 48)
+        paged_causal_attention(q, torch.tensor([5, 6]), pages.half(), table, 1.0)
+    with pytest.raises(RuntimeError, match="unavailable"):  # AMX tiles exist for bfloat16 only
+        paged_causal_attention(q, torch.tensor([5, 6]), pages, table, 1.0, page_format="amx")
+    assert not native_supported(torch.float16, 64, 32) and not native_supported(torch.float32, 80, 32)
+    assert not native_supported(torch.float32, 64, 48) and not native_supported(torch.float32, 64, 32, page_format="amx")
 
 
 HELPER_CPUS_SCRIPT = """

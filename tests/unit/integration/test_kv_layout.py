@@ -81,19 +81,28 @@ def _isa(block_size):
     return "vec" if block_size % 32 == 0 else "vec16"
 
 
-CPU_CASES = [(bs, dt) for bs in (128, 16) for dt in DTYPES]
-CPU_IDS = [f"bs{bs}-{str(dt)[6:]}" for bs, dt in CPU_CASES]
+# (block size, dtype, ISA): the vec ISAs for both dtypes, and AMX's VNNI tiles (bfloat16 only). The
+# write op packs AMX pages on any x86 host; only the attention kernel needs AMX itself.
+VEC_CASES = [(bs, dt, _isa(bs)) for bs in (128, 16) for dt in DTYPES]
+CPU_CASES = VEC_CASES + [(128, torch.bfloat16, "amx"), (32, torch.bfloat16, "amx")]
 
 
-@pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
-def test_cpu_documented_layout(cpu_op, block_size, dtype):
+def _ids(cases):
+    return [f"bs{bs}-{str(dt)[6:]}-{isa}" for bs, dt, isa in cases]
+
+
+CPU_ARGS = ("block_size", "dtype", "isa")
+
+
+@pytest.mark.parametrize(CPU_ARGS, VEC_CASES, ids=_ids(VEC_CASES))
+def test_cpu_documented_layout(cpu_op, block_size, dtype, isa):
     """The evidence: per (block, head), K transposed [D, bs] then V [bs, D]."""
     gen = torch.Generator().manual_seed(1)
     nb, n = 4, 3 * block_size // 2
     cache = torch.zeros(nb, H, block_size, 2 * D, dtype=dtype)
     slots = _scattered_slots(nb, block_size, n, gen)
     k, v = _rand((n, H, D), dtype, gen), _rand((n, H, D), dtype, gen)
-    _vllm_write(cpu_op, cache, slots, k, v, _isa(block_size))
+    _vllm_write(cpu_op, cache, slots, k, v, isa)
 
     page = cache.view(nb, H, 2 * block_size * D)
     b, o = (slots // block_size)[:, None, None], (slots % block_size)[:, None, None]
@@ -103,17 +112,16 @@ def test_cpu_documented_layout(cpu_op, block_size, dtype):
     assert int((cache != 0).sum()) == int((k != 0).sum() + (v != 0).sum())  # nothing else written
 
 
-@pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
-def test_cpu_gather_reads_what_vllm_wrote(cpu_op, block_size, dtype):
+@pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
+def test_cpu_gather_reads_what_vllm_wrote(cpu_op, block_size, dtype, isa):
     gen = torch.Generator().manual_seed(2)
     nb, n = 6, 2 * block_size + 5
     cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
     slots = _scattered_slots(nb, block_size, n, gen)
     k, v = _rand((n, H, D), dtype, gen), _rand((n, H, D), dtype, gen)
-    _vllm_write(cpu_op, cache, slots, k, v, _isa(block_size))
+    _vllm_write(cpu_op, cache, slots, k, v, isa)
 
-    # The ISA the cache was written with: a host with AMX would pick "amx" for bf16 (refused).
-    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=_isa(block_size))
+    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=isa)  # the ISA the cache was written with
     assert isinstance(layout, CpuKVLayout)
     kg, vg = layout.gather(cache, slots)
     assert kg.dtype == dtype and kg.shape == (n, H, D) and kg.is_contiguous() and vg.is_contiguous()
@@ -124,17 +132,17 @@ def test_cpu_gather_reads_what_vllm_wrote(cpu_op, block_size, dtype):
 
 
 @pytest.mark.parametrize("use_vllm_op", [True, False], ids=["op", "torch"])
-@pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
-def test_cpu_scatter_writes_what_vllm_writes(cpu_op, block_size, dtype, use_vllm_op):
+@pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
+def test_cpu_scatter_writes_what_vllm_writes(cpu_op, block_size, dtype, isa, use_vllm_op):
     gen = torch.Generator().manual_seed(3)
     nb, n = 6, 2 * block_size + 5
     ours = _rand((nb, H, block_size, 2 * D), dtype, gen)
     ref = ours.clone()
     slots = _scattered_slots(nb, block_size, n, gen)
     k, v = _rand((n, H, D), dtype, gen), _rand((n, H, D), dtype, gen)
-    _vllm_write(cpu_op, ref, slots, k, v, _isa(block_size))
+    _vllm_write(cpu_op, ref, slots, k, v, isa)
 
-    layout = CpuKVLayout(block_size, H, D, isa=_isa(block_size), use_vllm_op=use_vllm_op)
+    layout = CpuKVLayout(block_size, H, D, isa=isa, use_vllm_op=use_vllm_op)
     layout.scatter(ours, slots, k, v)
     assert torch.equal(ours, ref)  # the whole cache: the rest is untouched
     # Rows of a staging buffer ([tokens, layers, 2, H, D]), a stride apart, write the same.
@@ -145,8 +153,8 @@ def test_cpu_scatter_writes_what_vllm_writes(cpu_op, block_size, dtype, use_vllm
     assert torch.equal(layout.gather(again, slots)[0], k) and torch.equal(layout.gather(again, slots)[1], v)
 
 
-@pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
-def test_cpu_request_with_partial_last_block(cpu_op, block_size, dtype):
+@pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
+def test_cpu_request_with_partial_last_block(cpu_op, block_size, dtype, isa):
     """A request's tokens through its (non-monotonic) block table, the last block half full."""
     gen = torch.Generator().manual_seed(4)
     nb = 8
@@ -155,9 +163,9 @@ def test_cpu_request_with_partial_last_block(cpu_op, block_size, dtype):
     slots = slots_for_positions(table, positions, block_size)
     cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
     k, v = _rand((len(slots), H, D), dtype, gen), _rand((len(slots), H, D), dtype, gen)
-    _vllm_write(cpu_op, cache, slots, k, v, _isa(block_size))
+    _vllm_write(cpu_op, cache, slots, k, v, isa)
 
-    layout = CpuKVLayout(block_size, H, D, isa=_isa(block_size))
+    layout = CpuKVLayout(block_size, H, D, isa=isa)
     kg, vg = layout.gather(cache, slots)
     assert torch.equal(kg, k) and torch.equal(vg, v)
     # A sub-range of positions (e.g. one chunk) straight from the positions.
@@ -166,12 +174,12 @@ def test_cpu_request_with_partial_last_block(cpu_op, block_size, dtype):
     assert torch.equal(kp, k[part]) and torch.equal(vp, v[part])
 
 
-@pytest.mark.parametrize(("block_size", "dtype"), CPU_CASES, ids=CPU_IDS)
-def test_cpu_blocks(cpu_op, block_size, dtype):
+@pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
+def test_cpu_blocks(cpu_op, block_size, dtype, isa):
     gen = torch.Generator().manual_seed(5)
     nb = 6
     cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
-    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=_isa(block_size))
+    layout = layout_for(cache, "CPU_ATTN", block_size, H, D, isa=isa)
     ids = torch.tensor([4, 1, 3])
 
     kb, vb = layout.gather_blocks(cache, ids)
@@ -181,28 +189,32 @@ def test_cpu_blocks(cpu_op, block_size, dtype):
 
     k, v = _rand(kb.shape, dtype, gen), _rand(vb.shape, dtype, gen)
     ref = cache.clone()
-    _vllm_write(cpu_op, ref, layout.block_slots(ids), k, v, _isa(block_size))
+    _vllm_write(cpu_op, ref, layout.block_slots(ids), k, v, isa)
     layout.scatter_blocks(cache, ids, k, v)
     assert torch.equal(cache, ref)
     assert all(torch.equal(a, b) for a, b in zip(layout.gather_blocks(cache, ids), (k, v)))
 
 
-def test_cpu_amx_is_refused(cpu_op):
-    with pytest.raises(NotImplementedError, match="amx"):
-        CpuKVLayout(128, H, D, isa="amx")
+@pytest.mark.parametrize(("block_size", "head_size"), [(32, 64), (128, 64), (64, 128)])
+def test_cpu_amx_page_map(cpu_op, block_size, head_size):
+    """The map read off the op matches the VNNI tiling seen in vLLM 0.32: K in 16-token tiles,
+    d pairs interleaved per token; V after all of K, in 16-column tiles, token pairs interleaved."""
+    from ucm.integration.vllm.kv_layout import _page_map
+
+    k_map, v_map = _page_map("amx", block_size, head_size)
+    t, d = torch.arange(block_size)[:, None], torch.arange(head_size)[None, :]
+    assert torch.equal(k_map, (t // 16) * 16 * head_size + (d // 2) * 32 + (t % 16) * 2 + d % 2)
+    assert torch.equal(v_map, block_size * head_size + (d // 16) * 16 * block_size + (t // 2) * 32
+                       + (d % 16) * 2 + t % 2)
+    # So the vec layout would read garbage from an AMX cache.
+    assert not torch.equal(k_map, d * block_size + t)
+
+
+def test_cpu_unsupported_isas_are_refused(cpu_op):
     with pytest.raises(NotImplementedError, match="neon"):
         CpuKVLayout(128, H, D, isa="neon")
-    # Why: the op packs K/V differently for AMX, so the vec layout would read garbage.
-    gen = torch.Generator().manual_seed(6)
-    cache = torch.zeros(2, H, 128, 2 * D, dtype=torch.bfloat16)
-    slots = torch.arange(40)
-    k, v = _rand((40, H, D), torch.bfloat16, gen), _rand((40, H, D), torch.bfloat16, gen)
-    try:
-        _vllm_write(cpu_op, cache, slots, k, v, "amx")
-    except RuntimeError as err:  # a build without the AMX kernels
-        pytest.skip(f"amx not available: {err}")
-    kg, _ = CpuKVLayout(128, H, D, isa="vec").gather(cache, slots)
-    assert not torch.equal(kg, k)
+    with pytest.raises(NotImplementedError, match="block_size % 32"):
+        CpuKVLayout(16, H, D, isa="amx")
 
 
 def test_cpu_default_isa_follows_vllm():
@@ -212,10 +224,9 @@ def test_cpu_default_isa_follows_vllm():
     expected = _get_attn_isa(torch.float32, 128, D)
     assert layout_for(torch.zeros(1, H, 128, 2 * D), "CPU_ATTN", 128, H, D).isa == expected
     assert CpuKVLayout(16, H, D, dtype=torch.float32).isa == "vec16"
-    # bfloat16 on a host with AMX: vLLM packs the cache in VNNI tiles, which the layout refuses.
-    if _get_attn_isa(torch.bfloat16, 128, D) == "amx":
-        with pytest.raises(NotImplementedError, match="float32 or float16"):
-            layout_for(torch.zeros(1, H, 128, 2 * D, dtype=torch.bfloat16), "CPU_ATTN", 128, H, D)
+    # bfloat16 on a host with AMX: vLLM packs the cache in VNNI tiles, and so does the layout.
+    bf16 = layout_for(torch.zeros(1, H, 128, 2 * D, dtype=torch.bfloat16), "CPU_ATTN", 128, H, D)
+    assert bf16.isa == _get_attn_isa(torch.bfloat16, 128, D)
 
 
 def test_cpu_rejects_noncontiguous_and_quantized_caches():
@@ -370,22 +381,26 @@ def test_backend_names_are_vllms():
     assert FlashKVLayout.backend_name == FlashAttentionBackend.get_name()
 
 
-@pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN"])
-def test_gather_pages_head_major(backend):
+@pytest.mark.parametrize(("backend", "isa", "kbs", "dtype"),
+                         [("CPU_ATTN", "vec16", 16, torch.float32), ("CPU_ATTN", "amx", 32, torch.bfloat16),
+                          ("FLASH_ATTN", None, 16, torch.float32)], ids=["cpu-vec16", "cpu-amx", "flash"])
+def test_gather_pages_head_major(backend, isa, kbs, dtype):
     """The attention operands: K transposed [H, D, n] and V [H, n, D] of kernel blocks, in order."""
     gen = torch.Generator().manual_seed(11)
-    cache = _rand((5, H, 16, 2 * D), torch.float32, gen)
-    # Manager blocks of 32 tokens = two 16-token kernel blocks: the method takes kernel block ids.
-    layout = layout_for(cache, backend, 32, H, D, **({"isa": "vec16"} if backend == "CPU_ATTN" else {}))
+    cache = _rand((5, H, kbs, 2 * D), dtype, gen)
+    # Manager blocks of two kernel blocks each: the method takes kernel block ids.
+    layout = layout_for(cache, backend, 2 * kbs, H, D, **({"isa": isa} if isa else {}))
     kernel_blocks = torch.tensor([3, 0, 4])
-    k, v = layout.gather(cache, (kernel_blocks[:, None] * 16 + torch.arange(16)).flatten())
+    k, v = layout.gather(cache, (kernel_blocks[:, None] * kbs + torch.arange(kbs)).flatten())
     k_t, vh = layout.gather_pages_head_major(cache, kernel_blocks)
     assert torch.equal(k_t, k.permute(1, 2, 0)) and torch.equal(vh, v.transpose(0, 1))
     k_only, none = layout.gather_pages_head_major(cache, kernel_blocks, values=False)
     assert torch.equal(k_only, k_t) and none is None
-    if backend == "CPU_ATTN":  # the page view the native kernel reads: K^T then V per (page, head)
+    if isa == "vec16":  # the page view the native kernel reads: K^T then V per (page, head)
         pages = layout.pages(cache)
-        assert torch.equal(pages[3, :, : 16 * D].view(H, D, 16), k_t[:, :, :16])
-        assert torch.equal(pages[3, :, 16 * D:].view(H, 16, D), vh[:, :16])
+        assert torch.equal(pages[3, :, : kbs * D].view(H, D, kbs), k_t[:, :, :kbs])
+        assert torch.equal(pages[3, :, kbs * D:].view(H, kbs, D), vh[:, :kbs])
+    if backend == "CPU_ATTN":
+        assert layout.page_format == ("amx" if isa == "amx" else "vec")
     k_t, vh = layout.gather_pages_head_major(cache, torch.empty(0, dtype=torch.long))
     assert k_t.shape == (H, D, 0) and vh.shape == (H, 0, D)

@@ -27,24 +27,28 @@ def vllm_cpu(monkeypatch):
 
     if not hasattr(torch.ops._C, "cpu_attention_with_kv_cache"):
         pytest.skip("this vLLM build has no CPU attention kernel")
-    # The impl reads only the model dtype from the global config.
+    # The impl reads only the model dtype from the global config (float32 unless a test sets it).
     config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
     monkeypatch.setattr(cpu_attn, "get_current_vllm_config", lambda: config)
+    cpu_attn.test_config = config
     return cpu_attn
 
 
-def build(cpu_attn, selected):
-    """Cache, layer, metadata and the dense expectation for `selected` rows of the two requests."""
+def build(cpu_attn, selected, dtype=torch.float32, isa=None):
+    """Cache, layer, metadata and the dense expectation for `selected` rows of the two requests.
+    `isa` None: the one vLLM picks on this CPU for `dtype`."""
     gen = torch.Generator().manual_seed(3)
+    cpu_attn.test_config.model_config.dtype = dtype
+    isa = isa or cpu_attn._get_attn_isa(dtype, BS, D)
     blocks = [(n + BS - 1) // BS for n in LENS]
-    cache = torch.zeros(sum(blocks) + 1, HK, BS, 2 * D)
-    layout = layout_for(cache, "CPU_ATTN", BS, HK, D)
+    cache = torch.zeros(sum(blocks) + 1, HK, BS, 2 * D, dtype=dtype)
+    layout = layout_for(cache, "CPU_ATTN", BS, HK, D, isa=isa)
     table = torch.zeros(2, max(blocks), dtype=torch.int32)
     table[0, : blocks[0]] = torch.arange(1, blocks[0] + 1)  # block 0 unused: ids must matter
     table[1, : blocks[1]] = torch.arange(blocks[0] + 1, blocks[0] + 1 + blocks[1])
     keys = []
     for req, n in enumerate(LENS):
-        k, v = torch.randn(n, HK, D, generator=gen), torch.randn(n, HK, D, generator=gen)
+        k, v = torch.randn(n, HK, D, generator=gen).to(dtype), torch.randn(n, HK, D, generator=gen).to(dtype)
         pos = torch.arange(n)
         layout.scatter(cache, table[req].long()[pos // BS] * BS + pos % BS, k, v)
         keys.append((k, v))
@@ -57,7 +61,6 @@ def build(cpu_attn, selected):
     pseudo = pseudo_request_metadata(mask, segment, positions)
 
     impl = cpu_attn.CPUAttentionBackendImpl(HQ, D, 1 / math.sqrt(D), HK, None, None, "auto")
-    isa = cpu_attn._get_attn_isa(torch.float32, BS, D)
     layer = SimpleNamespace(impl=impl, num_heads=HQ, num_kv_heads=HK, head_size=D, isa=isa,
                             kv_cache_dtype="auto", _k_scale_float=1.0, _v_scale_float=1.0)
     meta = cpu_attn.CPUAttentionMetadata(
@@ -67,10 +70,10 @@ def build(cpu_attn, selected):
         slot_mapping=torch.zeros(len(positions), dtype=torch.int64), scheduler_metadata=None)
 
     rows = pseudo.token_indices
-    q = torch.randn(len(rows), HQ, D, generator=gen)
+    q = torch.randn(len(rows), HQ, D, generator=gen).to(dtype)
     want = torch.cat([
-        causal_attention_reference(q[segment[rows] == req], *keys[req], positions[rows][segment[rows] == req],
-                                   torch.arange(LENS[req]), 1 / math.sqrt(D))
+        causal_attention_reference(q[segment[rows] == req].float(), keys[req][0].float(), keys[req][1].float(),
+                                   positions[rows][segment[rows] == req], torch.arange(LENS[req]), 1 / math.sqrt(D))
         for req in range(2)
     ])
     return cache, layout, layer, meta, pseudo, positions[rows], q, want
@@ -82,27 +85,37 @@ SCATTERED = {
 }
 
 
+# (dtype, ISA, tolerance): bfloat16 rows are rounded once more than the float32 reference. The
+# AMX cache layout is written on any x86 CPU; only vLLM's AMX kernel needs AMX to run.
+DTYPES = {"f32": (torch.float32, None, 1e-4), "bf16": (torch.bfloat16, "vec", 2e-2),
+          "bf16-amx": (torch.bfloat16, "amx", 2e-2)}
+
+
+@pytest.mark.parametrize("kind", DTYPES)
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000], ids=["kernel", "k4", "k16", "tiled"])
-def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_run, native):
+def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_run, native, kind):
     import ucm.integration.vllm.sparse_attention as sa
 
-    if native and not sa.native_supported(torch.float32, D, BS):
+    dtype, isa, tol = DTYPES[kind]
+    if isa == "amx" and min_kernel_run < 1000 and not torch.cpu._is_amx_tile_supported():
+        pytest.skip("vLLM's AMX attention kernel needs a CPU with AMX")
+    if native and not sa.native_supported(dtype, D, BS, page_format=isa or "vec"):
         pytest.skip("native paged attention needs the built extension and AVX-512F")
     if not native:
         monkeypatch.setattr(sa, "native_supported", lambda *args: False)
     monkeypatch.setattr(sa, "MIN_KERNEL_RUN", min_kernel_run)
-    cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED)
+    cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED, dtype, isa)
     sub = sa.subset_metadata(meta, pseudo, torch.zeros(pseudo.num_tokens, dtype=torch.int64), layer,
-                             torch.float32, pos, BS)
+                             dtype, pos, layout)
     tiled_rows = sum(g.rows.numel() for g in sub.tiled)
     assert tiled_rows + sub.kernel_rows.numel() == pseudo.num_tokens
     assert (tiled_rows == 0) == (min_kernel_run == 0)
     assert all((g.plan is None) == native for g in sub.tiled)
-    output = torch.full((pseudo.num_tokens, HQ * D), float("nan"))
+    output = torch.full((pseudo.num_tokens, HQ * D), float("nan"), dtype=dtype)
     impl = sa.SubsetAttentionImpl(layer.impl, layout)
     impl.forward(layer, q, q[:, :HK], q[:, :HK], cache, sub, output=output)
-    torch.testing.assert_close(output.view(-1, HQ, D), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(output.view(-1, HQ, D).float(), want, rtol=tol, atol=tol)
 
 
 def test_impl_delegates_other_metadata_and_is_removed_after_the_pass(vllm_cpu):

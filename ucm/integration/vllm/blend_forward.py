@@ -160,7 +160,7 @@ def _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hid
     dtype = fc.slot_mapping[layer_names[0]].dtype
     sel_positions = positions[idx]
     sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(dtype), attn_layers[0], hidden.dtype,
-                          sel_positions, layout.kernel_block_size)
+                          sel_positions, layout)
     saved_meta, saved_slots = fc.attn_metadata, fc.slot_mapping
     fc.attn_metadata = {name: sub for name in layer_names}
     fc.slot_mapping = {name: sub.slot_mapping for name in layer_names}

@@ -12,7 +12,10 @@ numbering as vLLM's ``slot_mapping``. Two physical layouts are supported (vLLM 0
     ``2 * block_size * D`` elements holds K *transposed*, ``[D, block_size]`` (``K[t, d]`` at
     ``d * block_size + t``), followed by V token-major, ``[block_size, D]`` (``V[t, d]`` at
     ``block_size * D + t * D + d``). The ``amx`` ISA (bfloat16 with AMX and ``block_size % 32 ==
-    0``) packs both into VNNI tiles instead, and is refused. Verified bit-exact against
+    0``) packs both into VNNI tiles instead (K in 16-token tiles of interleaved d pairs, V in
+    16-column tiles of interleaved token pairs); that page is a fixed bijection of ``(t, d)``,
+    which the layout reads off vLLM's own write op once per geometry (:func:`_page_map`) and
+    gathers/scatters through. Verified bit-exact against
     ``vllm._custom_ops.cpu_attn_reshape_and_cache`` (see ``tests/unit/integration``).
 
 ``FLASH_ATTN`` (:class:`FlashKVLayout`)
@@ -49,6 +52,8 @@ __all__ = [
 
 # ISAs of vLLM's CPU attention whose cache layout is the one described above.
 _TRANSPOSED_K_ISAS = ("vec", "vec16")
+# ISAs whose page layout is read off vLLM's write op (_page_map).
+_MAPPED_ISAS = ("amx",)
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -65,6 +70,12 @@ def slots_for_positions(
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError("positions must be non-negative")
     return block_ids[positions // block_size] * block_size + positions % block_size
+
+
+def _all_slots(block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Every slot of ``block_ids``, block by block."""
+    offsets = torch.arange(block_size, device=block_ids.device)
+    return (block_ids.reshape(-1, 1) * block_size + offsets).reshape(-1)
 
 
 class KVLayout(ABC):
@@ -138,9 +149,7 @@ class KVLayout(ABC):
 
     def block_slots(self, block_ids: torch.Tensor) -> torch.Tensor:
         """All slots of ``block_ids``, in ``gather_blocks`` order."""
-        block_ids = torch.as_tensor(block_ids, dtype=torch.long)
-        offsets = torch.arange(self.block_size, device=block_ids.device)
-        return (block_ids.reshape(-1, 1) * self.block_size + offsets).reshape(-1)
+        return _all_slots(torch.as_tensor(block_ids, dtype=torch.long), self.block_size)
 
     def num_blocks(self, kv_cache: torch.Tensor) -> int:
         """Number of ``block_size`` blocks ``kv_cache`` holds."""
@@ -245,13 +254,14 @@ class FlashKVLayout(KVLayout):
 
 
 class CpuKVLayout(KVLayout):
-    """vLLM ``CPU_ATTN`` with the ``vec``/``vec16`` ISAs: per ``(block, head)``, K transposed
-    ``[D, block_size]`` then V ``[block_size, D]`` (see the module docstring).
+    """vLLM ``CPU_ATTN``: with the ``vec``/``vec16`` ISAs, per ``(block, head)``, K transposed
+    ``[D, block_size]`` then V ``[block_size, D]``; with ``amx``, VNNI tiles addressed through a
+    page map read off vLLM's write op (see the module docstring).
 
     ``isa`` is the one vLLM's CPU attention uses for this layer (``layer.isa``, chosen by
     ``cpu_attn._get_attn_isa``); ``None`` asks vLLM for it from ``dtype`` (or, when ``dtype`` is
     ``None`` too, from the cache's dtype on first use), falling back to ``vec``/``vec16`` when
-    vLLM is not importable. ``amx`` is refused: it packs K and V into VNNI tiles.
+    vLLM is not importable.
 
     ``scatter`` goes through ``vllm._custom_ops.cpu_attn_reshape_and_cache`` (the op vLLM itself
     writes the cache with; faster than tensor indexing) when it is importable and
@@ -274,23 +284,21 @@ class CpuKVLayout(KVLayout):
         super().__init__(block_size, num_kv_heads, head_size, kernel_block_size=kernel_block_size)
         self.use_vllm_op = use_vllm_op
         self.isa: str | None = None
+        # amx: page offsets of K[t, d] and V[t, d], [kernel_block_size, D] each; None for vec.
+        self._k_map: torch.Tensor | None = None
+        self._v_map: torch.Tensor | None = None
         if isa is None and dtype is not None:
             isa = _vllm_cpu_isa(dtype, self.kernel_block_size, head_size)
         if isa is not None:
             self._set_isa(isa)
 
     def _set_isa(self, isa: str) -> None:
-        if isa == "amx":
-            raise NotImplementedError(
-                "vLLM's CPU attention with the 'amx' ISA (chosen for bfloat16 on CPUs with AMX "
-                "when block_size % 32 == 0) stores K and V packed in VNNI tiles, not the "
-                "[D, block_size] / [block_size, D] layout CpuKVLayout reads and writes. Run the "
-                "model in float32 or float16 (which select the 'vec' ISA) to use the connector."
-            )
-        if isa not in _TRANSPOSED_K_ISAS:
+        if isa in _MAPPED_ISAS:
+            self._k_map, self._v_map = _page_map(isa, self.kernel_block_size, self.head_size)
+        elif isa not in _TRANSPOSED_K_ISAS:
             raise NotImplementedError(
                 f"vLLM CPU attention ISA {isa!r} is not supported by CpuKVLayout (only "
-                f"{list(_TRANSPOSED_K_ISAS)}, whose cache layout has been verified)"
+                f"{list(_TRANSPOSED_K_ISAS + _MAPPED_ISAS)}, whose cache layouts have been verified)"
             )
         self.isa = isa
 
@@ -317,9 +325,24 @@ class CpuKVLayout(KVLayout):
     def gather(self, kv_cache, slots):
         self._check(kv_cache)
         b, o = self._split_slots(self._slots(slots, kv_cache.device))
+        if self._k_map is not None:
+            return self._mapped(kv_cache, self._k_map, b, o), self._mapped(kv_cache, self._v_map, b, o)
         kt, vv = self._views(kv_cache)
         # Advanced indices on dims 0 and 3 (K) / 0 and 2 (V) around slices: both [n, H, D].
         return kt[b, :, :, o], vv[b, :, o, :]
+
+    def _map_index(self, page_map: torch.Tensor, b: torch.Tensor, o: torch.Tensor, device):
+        """Index tuple of ``[n, H, D]`` elements (tokens ``(b, o)``) of the ``[pages, H, P]``
+        view, for a mapped (amx) page."""
+        page_map = page_map.to(device)
+        h = torch.arange(self.num_kv_heads, device=device)
+        return b.reshape(-1, 1, 1), h.reshape(1, -1, 1), page_map[o].unsqueeze(1)
+
+    def _mapped(self, kv_cache, page_map, b, o) -> torch.Tensor:
+        return self._page_view(kv_cache)[self._map_index(page_map, b, o, kv_cache.device)]
+
+    def _page_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        return kv_cache.view(kv_cache.shape[0], self.num_kv_heads, -1)
 
     def scatter(self, kv_cache, slots, k, v):
         self._check(kv_cache)
@@ -338,25 +361,40 @@ class CpuKVLayout(KVLayout):
         if self.use_vllm_op:
             raise RuntimeError("use_vllm_op=True but vLLM's cpu_attn_reshape_and_cache is not available")
         b, o = self._split_slots(slots)
+        if self._k_map is not None:
+            pages = self._page_view(kv_cache)
+            pages[self._map_index(self._k_map, b, o, kv_cache.device)] = k
+            pages[self._map_index(self._v_map, b, o, kv_cache.device)] = v
+            return
         kt, vv = self._views(kv_cache)
         kt[b, :, :, o] = k
         vv[b, :, o, :] = v
 
     def _gather_kernel_blocks(self, kv_cache, kb):
-        kt, vv = self._views(kv_cache)
         b = kb.reshape(-1, 1)
         t = torch.arange(self.kernel_block_size, device=kv_cache.device).reshape(1, -1)
         h, d = self.num_kv_heads, self.head_size
+        if self._k_map is not None:
+            b, t = b.expand(-1, t.shape[1]).reshape(-1), t.expand(b.shape[0], -1).reshape(-1)
+            return self._mapped(kv_cache, self._k_map, b, t), self._mapped(kv_cache, self._v_map, b, t)
+        kt, vv = self._views(kv_cache)
         # One gather straight into [blocks, block_size, H, D] (measured faster than copying whole
         # pages and then transposing them).
         return kt[b, :, :, t].reshape(-1, h, d), vv[b, :, t, :].reshape(-1, h, d)
 
+    @property
+    def page_format(self) -> str:
+        """How :meth:`pages` are laid out: ``"vec"`` (K transposed, then V) or ``"amx"`` (VNNI tiles)."""
+        return "amx" if self._k_map is not None else "vec"
+
     def pages(self, kv_cache: torch.Tensor) -> torch.Tensor:
-        """``[pages, H, 2 * block_size * D]``: per (page, head) K transposed then V, as stored."""
+        """``[pages, H, 2 * block_size * D]`` as stored, in :attr:`page_format`."""
         self._check(kv_cache)
-        return kv_cache.view(kv_cache.shape[0], self.num_kv_heads, -1)
+        return self._page_view(kv_cache)
 
     def gather_pages_head_major(self, kv_cache, kernel_block_ids, values=True):
+        if self._k_map is not None:
+            return super().gather_pages_head_major(kv_cache, kernel_block_ids, values)
         self._check(kv_cache)
         kb = torch.as_tensor(kernel_block_ids, dtype=torch.long).to(kv_cache.device).reshape(-1)
         kt, vv = self._views(kv_cache)
@@ -366,6 +404,9 @@ class CpuKVLayout(KVLayout):
         return k_t, vv[kb].transpose(0, 1).reshape(h, m, d) if values else None
 
     def _scatter_kernel_blocks(self, kv_cache, kb, k, v):
+        if self._k_map is not None:
+            self.scatter(kv_cache, _all_slots(kb, self.kernel_block_size), k, v)
+            return
         kt, vv = self._views(kv_cache)
         shape = (kb.numel(), self.kernel_block_size, self.num_kv_heads, self.head_size)
         # Whole pages at once; measured faster than the op or a per-token index_put for float32.
@@ -375,6 +416,48 @@ class CpuKVLayout(KVLayout):
     @staticmethod
     def _op():
         return _vllm_cpu_reshape_and_cache()
+
+
+@functools.cache
+def _page_map(isa: str, block_size: int, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where vLLM's ``cpu_attn_reshape_and_cache`` puts ``K[t, d]`` and ``V[t, d]`` in a
+    ``(block, head)`` page for ``isa``: two ``[block_size, D]`` LongTensors of page offsets.
+
+    Read off the op itself, so it is exact by construction for any geometry: K (then V) of one
+    full page is written with each element coding its own ``t * D + d``, one base-128 digit per
+    pass (bfloat16 holds the integers 1..128 exactly); a zero V (K) marks the other half.
+    """
+    op = _vllm_cpu_reshape_and_cache()
+    if op is None:
+        raise NotImplementedError(f"the {isa!r} KV cache layout needs vLLM's cpu_attn_reshape_and_cache op")
+    if block_size % 32:
+        raise NotImplementedError(f"vLLM's {isa!r} CPU attention needs block_size % 32 == 0; got {block_size}")
+    n, base, page = block_size * head_size, 128, 2 * block_size * head_size
+    digits = 1
+    while base**digits < n:
+        digits += 1
+    code = torch.arange(n).view(block_size, 1, head_size)
+    maps = []
+    for half in (0, 1):
+        decoded, written = torch.zeros(page, dtype=torch.long), None
+        for j in range(digits):
+            digit = (code // base**j % base + 1).to(torch.bfloat16)
+            kv = torch.zeros(1, 1, block_size, 2 * head_size, dtype=torch.bfloat16)
+            key_cache, value_cache = kv.view(1, 1, 2 * block_size, head_size).chunk(2, dim=2)
+            k, v = (digit, torch.zeros_like(digit)) if half == 0 else (torch.zeros_like(digit), digit)
+            op(k, v, key_cache, value_cache, torch.arange(block_size), isa)
+            values = kv.view(-1).long()
+            written = values != 0
+            decoded += (values - 1).clamp(min=0) * base**j
+        offsets = written.nonzero().flatten()
+        page_map = torch.full((n,), -1, dtype=torch.long)
+        page_map[decoded[offsets]] = offsets
+        maps.append(page_map.view(block_size, head_size))
+    both = torch.cat([m.flatten() for m in maps])
+    if int(both.min()) < 0 or torch.unique(both).numel() != page:
+        raise NotImplementedError(f"vLLM's {isa!r} KV page for block_size {block_size}, head_size {head_size} "
+                                  "is not a bijection of (token, dim): this layout cannot address it")
+    return maps[0], maps[1]
 
 
 def _packed_rows(x: torch.Tensor) -> torch.Tensor:

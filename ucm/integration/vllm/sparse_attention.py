@@ -4,8 +4,8 @@ Selected tokens sit at scattered positions and must attend exactly causally to t
 whole paged KV. Runs of at least `MIN_KERNEL_RUN` consecutive positions go to vLLM's own kernel,
 each as a pseudo-request (the kernel's bottom-right causal alignment makes that exact). Shorter
 runs, most of Blend's selection, are computed per request by a tiled attention
-(tiled_attention.py): natively over the pages in place where the CPU and dtype allow, otherwise
-in torch over a gathered copy. The kernel would re-read all K/V for every run of one or two tokens.
+(tiled_attention.py): natively over the pages in place where the CPU allows (float32 or bfloat16
+pages, AMX tiles included), otherwise in torch over a gathered copy. The kernel would re-read all K/V for every run of one or two tokens.
 
 `subset_attention` installs `SubsetAttentionImpl` in front of each layer's vLLM impl for the
 duration of a subset pass; it handles `SubsetAttentionMetadata` and delegates everything else
@@ -49,8 +49,9 @@ class SubsetAttentionMetadata:
 
 
 def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_layer, dtype: torch.dtype,
-                    positions: torch.Tensor, kernel_block_size: int):
-    """Metadata for `pseudo`'s tokens; `positions` are theirs, `slot_mapping` their slots."""
+                    positions: torch.Tensor, layout):
+    """Metadata for `pseudo`'s tokens; `positions` are theirs, `slot_mapping` their slots; `layout`
+    is the layers' CpuKVLayout."""
     name = type(meta).__name__
     if name != "CPUAttentionMetadata":
         raise NotImplementedError(
@@ -69,7 +70,8 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
         kernel = _cpu_kernel_metadata(meta, _runs(pseudo, long_run, run_len), attn_layer, dtype)
     row_request = torch.repeat_interleave(pseudo.run_request, run_len)
     group = attn_layer.num_heads // attn_layer.num_kv_heads
-    native = native_supported(dtype, attn_layer.head_size, kernel_block_size, slot_mapping.device)
+    kernel_block_size = layout.kernel_block_size
+    native = native_supported(dtype, attn_layer.head_size, kernel_block_size, slot_mapping.device, layout.page_format)
     tiled = []
     for req in torch.unique(row_request[~row_long]).tolist():
         rows = ((row_request == req) & ~row_long).nonzero().flatten()
@@ -110,7 +112,8 @@ class SubsetAttentionImpl:
         for g in m.tiled:
             if g.plan is None:
                 out[g.rows] = paged_causal_attention(q[g.rows], g.positions, self.layout.pages(kv_cache),
-                                                     g.kernel_blocks, self.inner.scale)
+                                                     g.kernel_blocks, self.inner.scale,
+                                                     page_format=self.layout.page_format)
             else:
                 k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
                 out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)

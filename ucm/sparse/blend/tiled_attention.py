@@ -10,8 +10,9 @@ than vLLM's CPU kernel on the runs. Long runs stay with the kernel (see sparse_a
 
 `paged_causal_attention` is the same computation in C++ (csrc/paged_attention.cpp): it reads K/V
 pages in place and keeps each page's scores in cache with an online softmax, instead of four
-elementwise passes over a score buffer of tile x sequence. It needs AVX-512F and float32; the
-torch path here is the fallback and the reference.
+elementwise passes over a score buffer of tile x sequence. It needs AVX-512F and float32 or
+bfloat16 pages (vLLM's vec layout, or for bfloat16 its AMX tiles), computing in float32; the torch
+path here is the fallback and the reference.
 """
 
 from __future__ import annotations
@@ -107,20 +108,28 @@ def tiled_causal_attention(
     return out.view(hk, n, g, d).transpose(0, 1).reshape(n, hq, d).to(q.dtype)
 
 
-def native_supported(dtype: torch.dtype, head_dim: int, page_size: int, device: torch.device | str = "cpu") -> bool:
-    """Whether `paged_causal_attention` can run: built, CPU with AVX-512F, float32, D 64/128."""
-    return (_native is not None and torch.device(device).type == "cpu" and dtype == torch.float32
+# Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
+PAGE_FORMATS = {(torch.float32, "vec"): 0, (torch.bfloat16, "vec"): 1, (torch.bfloat16, "amx"): 2}
+
+
+def native_supported(dtype: torch.dtype, head_dim: int, page_size: int, device: torch.device | str = "cpu",
+                     page_format: str = "vec") -> bool:
+    """Whether `paged_causal_attention` can run: built, CPU with AVX-512F, D 64/128, pages of
+    ``dtype`` in ``page_format`` ("vec": vLLM's vec/vec16 layout; "amx": its AMX tiles)."""
+    return (_native is not None and torch.device(device).type == "cpu" and (dtype, page_format) in PAGE_FORMATS
             and bool(_native.supports(head_dim, page_size)))
 
 
 def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tensor, page_table: torch.Tensor,
-                           scale: float, tile: int | None = None) -> torch.Tensor:
+                           scale: float, tile: int | None = None, page_format: str = "vec") -> torch.Tensor:
     """Query ``i`` attends to keys ``0 .. q_pos[i]`` of one sequence, read from its pages in place.
 
-    ``q``: ``[n, Hq, D]`` float32; ``q_pos``: ``[n]`` non-decreasing; ``pages``: ``[num_pages, Hk,
-    2 * P * D]`` float32, each (page, head) holding K transposed ``[D, P]`` then V ``[P, D]``
-    (vLLM's CPU layout); ``page_table``: the sequence's page ids in key order. GQA as in
-    ``tiled_causal_attention``. Returns ``[n, Hq, D]``.
+    ``q``: ``[n, Hq, D]``; ``q_pos``: ``[n]`` non-decreasing; ``pages``: ``[num_pages, Hk,
+    2 * P * D]`` as vLLM's CPU attention stores them: with ``page_format="vec"`` (float32 or
+    bfloat16) each (page, head) holds K transposed ``[D, P]`` then V ``[P, D]``; with ``"amx"``
+    (bfloat16) K then V in VNNI tiles (see csrc/paged_attention.cpp). ``page_table``: the
+    sequence's page ids in key order. GQA as in ``tiled_causal_attention``. Computes in float32;
+    returns ``[n, Hq, D]`` in ``q``'s dtype.
     """
     if q.dim() != 3 or pages.dim() != 3:
         raise ValueError(f"q must be [n, Hq, D] and pages [num_pages, Hk, 2*P*D]; got {tuple(q.shape)}, "
@@ -130,19 +139,19 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     if hq % hk or pages.shape[2] % (2 * d):
         raise ValueError(f"q {tuple(q.shape)} does not fit pages {tuple(pages.shape)}")
     page_size = pages.shape[2] // (2 * d)
-    if not native_supported(q.dtype, d, page_size, q.device) or pages.dtype != q.dtype:
-        raise RuntimeError(f"native paged attention unavailable for {q.dtype}/{pages.dtype}, head_dim {d}, "
-                           f"page size {page_size} (see native_supported)")
+    if not native_supported(pages.dtype, d, page_size, pages.device, page_format) or q.device != pages.device:
+        raise RuntimeError(f"native paged attention unavailable for {page_format!r} pages of {pages.dtype}, "
+                           f"head_dim {d}, page size {page_size} (see native_supported)")
     if not pages.is_contiguous():
         raise ValueError("pages must be contiguous")
-    q = q.contiguous()
+    q32 = q.to(torch.float32).contiguous()
     pos = q_pos.to(torch.long).contiguous()
     table = page_table.to(torch.long).contiguous()
     if pos.shape != (n,):
         raise ValueError(f"q_pos must be [{n}], got {tuple(q_pos.shape)}")
-    out = torch.empty_like(q)
+    out = torch.empty_like(q32)
     if n == 0:
-        return out
+        return out.to(q.dtype)
     if bool((pos[1:] < pos[:-1]).any()) or int(pos[0]) < 0:
         raise ValueError("q_pos must be sorted (non-decreasing) and non-negative")
     needed = int(pos[-1]) // page_size + 1
@@ -152,10 +161,10 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     if int(table.min()) < 0 or int(table.max()) >= pages.shape[0]:
         raise ValueError(f"page_table names pages outside [0, {pages.shape[0]})")
     _native.paged_causal_attention(
-        q.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), pages.stride(0), pages.stride(1), table.data_ptr(),
-        needed, hk, hq // hk, d, page_size, float(scale), out.data_ptr(), DEFAULT_TILE if tile is None else tile,
-        torch.get_num_threads(), _helper_cpus())
-    return out
+        q32.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), PAGE_FORMATS[(pages.dtype, page_format)],
+        pages.stride(0), pages.stride(1), table.data_ptr(), needed, hk, hq // hk, d, page_size, float(scale),
+        out.data_ptr(), DEFAULT_TILE if tile is None else tile, torch.get_num_threads(), _helper_cpus())
+    return out.to(q.dtype)
 
 
 _HELPER_CPUS: dict[tuple[int, frozenset], list[int]] = {}

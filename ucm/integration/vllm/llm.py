@@ -1,6 +1,7 @@
 """Engine construction with the settings this project needs on every platform.
 
-On CPU: float32 (about 3x faster than bfloat16 without AMX), a KV cache size in GiB from
+On CPU: float32 unless overridden (about 3x faster than bfloat16 on CPUs without native
+bfloat16; with AVX512-BF16 or AMX, bfloat16 is 1.4-3x faster: pass dtype="bfloat16"), a KV cache size in GiB from
 VLLM_CPU_KVCACHE_SPACE (vLLM refuses to start without it on small machines), and eager mode,
 because Blend's token selection is data dependent and cannot live inside a captured graph.
 """

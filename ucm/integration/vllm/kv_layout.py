@@ -319,7 +319,7 @@ class CpuKVLayout(KVLayout):
     def _views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``kt[b, h, d, t] = K[t, d]`` and ``vv[b, h, t, d] = V[t, d]``, views of ``kv_cache``."""
         nb, h, bs, d = kv_cache.shape[0], self.num_kv_heads, self.kernel_block_size, self.head_size
-        page = kv_cache.view(nb, h, 2 * bs * d)
+        page = self._page_view(kv_cache)
         return page[..., : bs * d].view(nb, h, d, bs), page[..., bs * d :].view(nb, h, bs, d)
 
     def gather(self, kv_cache, slots):

@@ -109,7 +109,8 @@ def tiled_causal_attention(
 
 
 # Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
-PAGE_FORMATS = {(torch.float32, "vec"): 0, (torch.bfloat16, "vec"): 1, (torch.bfloat16, "amx"): 2}
+PAGE_FORMATS = {} if _native is None else {
+    (torch.float32, "vec"): _native.F32, (torch.bfloat16, "vec"): _native.BF16, (torch.bfloat16, "amx"): _native.BF16_AMX}
 
 
 def native_supported(dtype: torch.dtype, head_dim: int, page_size: int, device: torch.device | str = "cpu",

@@ -154,7 +154,7 @@ def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
     if not shared and not any(s.selection for s in summaries):
         return "no Blend ratio measured: no plot written"
     fig, (ax_t, ax_q) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"query": "C0", "hkvd": "C1"}
+    colors = {"query": "C0", "hkvd": "C1", "oracle": "C2"}
     for rule, blend in curves.items():
         x, c = [s.ratio for s in blend], colors.get(rule)
         label = "Blend" if rule == "query" else f"Blend ({rule})"

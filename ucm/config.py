@@ -44,10 +44,13 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_
 
 # How Blend ranks the loaded tokens it recomputes (compute_meta[...]["selection"]): "query" weighs
 # each token's deviation by the attention the question pays it (ucm/sparse/blend/query_probe.py);
-# "hkvd" is CacheBlend's deviation-only rule.
+# "hkvd" is CacheBlend's deviation-only rule; "oracle" is a diagnostic, slower than full prefill:
+# it runs a full prefill first and ranks by what that shows (query_probe.oracle_layer_score), a
+# reference for how well a ranking could do at a given ratio.
 QUERY_SELECTION = "query"
 HKVD_SELECTION = "hkvd"
-BLEND_SELECTIONS = (QUERY_SELECTION, HKVD_SELECTION)
+ORACLE_SELECTION = "oracle"
+BLEND_SELECTIONS = (QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION)
 
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
 _ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"

@@ -26,7 +26,7 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
     assert_same(blended, run(plain_llm, b))
 
 
-@pytest.mark.parametrize("selection", ["query", "hkvd"])
+@pytest.mark.parametrize("selection", ["query", "hkvd", "oracle"])
 def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection):
     """Reloading a prompt's own KV at its own positions is exact, so recomputing any 30% of its
     tokens must reproduce full prefill: this checks the delta-RoPE round trip, the subset pass's
@@ -67,6 +67,23 @@ def test_full_reuse_differs_and_is_faster_path(blend_llm, plain_llm):
     differs = reuse.tokens != full.tokens or any(
         abs(x - y) > 1e-3 for x, y in zip(reuse.logprobs, full.logprobs))
     assert differs, "full reuse (ratio 0) should not reproduce full prefill exactly"
+
+
+def test_oracle_ranks_after_a_full_prefill_and_puts_the_loaded_kv_back(blend_llm, plain_llm):
+    """The diagnostic "oracle" selection first runs the whole prompt as full prefill (counted as
+    probe tokens) to rank the loaded tokens, then must restore their loaded KV: left in the cache,
+    the exact KV of the 85% it does not recompute would make it reproduce full prefill."""
+    from ucm.integration.vllm.stats import ucm_counters
+
+    a, b = prompts(blend_llm, seed=112)
+    run(blend_llm, a)
+    before = ucm_counters(blend_llm.get_metrics()).get("probe_tokens", 0)
+    oracle = run(blend_llm, b, ratio=0.15, selection="oracle")
+    probed = ucm_counters(blend_llm.get_metrics())["probe_tokens"] - before
+    assert oracle.report["blended"] and oracle.report["selection"] == "oracle"
+    assert 0.9 * len(b) <= probed <= len(b)
+    full = run(plain_llm, b)
+    assert oracle.tokens != full.tokens or any(abs(x - y) > 1e-3 for x, y in zip(oracle.logprobs, full.logprobs))
 
 
 def test_reordered_chunks_hit_the_cache(blend_llm):

@@ -128,7 +128,7 @@ def test_ratio_bounds_are_accepted(ratio):
     assert sparse.ratio == float(ratio) and isinstance(sparse.ratio, float)
 
 
-@pytest.mark.parametrize("selection", ["query", "hkvd"])
+@pytest.mark.parametrize("selection", ["query", "hkvd", "oracle"])
 def test_selection_is_parsed_and_defaults_to_query(selection):
     assert parse(example()).sparse.selection == "query"
     extra = example()
@@ -264,7 +264,7 @@ ERROR_CASES = [
     (_set(RATIO, float("nan")), f"{RATIO_PATH} must be a number in [0, 1], got nan"),
     (
         _set((*META, LAYER, "selection"), "attention"),
-        f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', got 'attention'",
+        f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', got 'attention'",
     ),
 ]
 

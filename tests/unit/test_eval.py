@@ -112,6 +112,7 @@ def test_modes_per_selection_share_the_unranked_ratios():
     assert [m.name for m in modes] == ["full prefill", "full reuse", "blend 0.15", "blend 1", "hkvd 0.15"]
     assert [m.selection for m in modes] == [None, None, "query", None, "hkvd"]
     assert parse_selections(" hkvd,query ") == ["hkvd", "query"]
+    assert [m.name for m in modes_for([0.15], ["oracle"])] == ["full prefill", "oracle 0.15"]
     for bad in ("", "hkvd,random"):
         with pytest.raises(ValueError, match="selections"):
             parse_selections(bad)

@@ -74,7 +74,8 @@ FULL_PREFILL = Mode("full prefill", None)
 
 def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
     """"blend R" ranks by the question's attention per cost x deviation (the default), "hkvd R" by deviation alone
-    (CacheBlend's rule); ratio 0 ("full reuse") and 1 ("blend 1") rank nothing, so they are one mode."""
+    (CacheBlend's rule), "oracle R" by a full prefill (diagnostic); ratio 0 ("full reuse") and 1 ("blend 1") rank
+    nothing, so they are one mode."""
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"Blend ratio must be in [0, 1], got {ratio}")
     if selection not in BLEND_SELECTIONS:
@@ -100,7 +101,7 @@ def modes_for(ratios: Iterable[float], selections: Iterable[str] = (QUERY_SELECT
 
 
 def parse_selections(text: str) -> list[str]:
-    """'query,hkvd' -> ['query', 'hkvd'] (argparse type)."""
+    """'query,hkvd' -> ['query', 'hkvd'] (argparse type; any of BLEND_SELECTIONS)."""
     selections = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in selections if x not in BLEND_SELECTIONS]
     if bad or not selections:
@@ -149,8 +150,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
     p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
                    help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
-                        "of the question per cost x deviation, the default rule) and/or 'hkvd' (deviation alone, "
-                        f"CacheBlend's rule) (default {','.join(selections)})")
+                        "of the question per cost x deviation, the default rule), 'hkvd' (deviation alone, "
+                        "CacheBlend's rule) and/or 'oracle' (a diagnostic ranking from a full prefill run "
+                        f"first, a reference for the others; its TTFT is not Blend's) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -643,7 +645,8 @@ TABLE_NOTES = (
     "F1 gold: answer F1 against the data set's answers; F1 vs full / agree: the mode's answer against the\n"
     "full-prefill answer of the same question (token F1 / same normalised short answer).\n"
     "Modes: 'blend R' recomputes the share R of the loaded tokens ranked by the question's attention per\n"
-    "cost x deviation (selection 'query'), 'hkvd R' by deviation alone (CacheBlend's rule); full reuse = 0.\n"
+    "cost x deviation (selection 'query'), 'hkvd R' by deviation alone (CacheBlend's rule), 'oracle R' by a\n"
+    "full prefill run first (a reference for quality; its TTFT includes that prefill); full reuse = 0.\n"
     "Second table: F1 gold minus full prefill's, question by question, and the quality columns with their\n"
     "95% bootstrap intervals over the questions (one question more or less moves small samples a lot).\n"
     "Cache table: blended, chunk hit blocks / tokens, dumped blocks: totals of the connector's per-request\n"

@@ -6,6 +6,7 @@ import torch
 from ucm.sparse.blend.query_probe import (
     attention_mass,
     attention_per_cost,
+    oracle_layer_score,
     probe_candidates,
     probe_query_mask,
     query_weighted_score,
@@ -109,3 +110,15 @@ def test_query_weighted_score_ranks_candidates_only_and_falls_back_to_deviation_
     candidates = torch.tensor([True, True, False, False, False])
     # candidates: per_cost * deviation (>= 0); other probed rows below every candidate; else deviation
     assert query_weighted_score(per_cost, dev, probed, candidates).tolist() == [2.0, 0.0, -1.0, 3.0, 5.0]
+
+
+def test_oracle_layer_score_is_attention_times_v_error_norm():
+    mass = torch.tensor([0.5, 2.0, 0.0])
+    stale = torch.zeros(3, 2, 2)
+    fresh = stale.clone()
+    fresh[0, 0] = torch.tensor([3.0, 4.0])  # error norm 5
+    fresh[1, 1, 0] = -1.0  # norm 1
+    fresh[2] = 7.0  # large error, but the question does not read the token
+    assert oracle_layer_score(mass, fresh, stale).tolist() == [2.5, 2.0, 0.0]
+    with pytest.raises(ValueError, match="same tokens"):
+        oracle_layer_score(mass[:2], fresh, stale)

@@ -7,15 +7,17 @@ those layers first run only on the rows without loaded KV: the rows after the re
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
 gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
 top candidates by that attention, which then run the layers before the check layer too
-(query_probe.py). Full reuse (ratio 0) runs those layers on the uncached rows only. The selected
-tokens, every token whose KV was not loaded (cache misses, the suffix, tokens of other requests)
-and each request's last token go on through the check layer and the remaining layers; the others
-keep their loaded KV. Attention of the computed tokens is exactly causal over the request's whole
+(query_probe.py). The diagnostic "oracle" first runs the batch as full prefill and ranks by the
+question's attention there times each token's V error, then restores the loaded KV. Full reuse
+(ratio 0) runs those layers on the uncached rows only. The selected tokens, every token whose KV
+was not loaded (cache misses, the suffix, tokens of other requests) and each request's last token
+go on through the check layer and the remaining layers; the others keep their loaded KV. Attention of the computed tokens is exactly causal over the request's whole
 KV (see sparse_attention.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -23,8 +25,8 @@ import torch
 from ucm.integration.vllm.sparse_attention import subset_attention, subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
-from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, probe_candidates, probe_query_mask,
-                                          query_weighted_score)
+from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, oracle_layer_score, probe_candidates,
+                                          probe_query_mask, query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 
 logger = logging.getLogger(__name__)
@@ -63,14 +65,25 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     wants_probe = torch.zeros(num_reqs, dtype=torch.bool, device=device)
     wants_probe[segment[loaded][step.query_select[row[loaded]]]] = True
     wants_probe &= (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
-    queries = probe_query_mask(loaded, segment, num_reqs) & wants_probe[segment]
+    wants_oracle = torch.zeros(num_reqs, dtype=torch.bool, device=device)
+    wants_oracle[segment[loaded][step.oracle_select[row[loaded]]]] = True
+    wants_oracle &= (ratios > 0) & (ratios < 1)
+    question = probe_query_mask(loaded, segment, num_reqs)
+    queries = question & wants_probe[segment]
     probed = torch.zeros(num_reqs, dtype=torch.bool, device=device)
     probed[segment[queries]] = True
+    oracle_queries = question & wants_oracle[segment]
+    oracled = torch.zeros(num_reqs, dtype=torch.bool, device=device)
+    oracled[segment[oracle_queries]] = True
+    oracle = None
+    if bool(oracled.any()):  # diagnostic: before anything below touches the cache
+        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, loaded, oracle_queries,
+                               segment)
     # Loaded rows that skip the layers before the check layer for now: those of probed requests
-    # (their deviation is measured on candidates only) and of requests reusing everything. Those
-    # layers' KV is the loaded one for them, which for layer 0 is exact (it depends on the token
-    # and its position alone).
-    lazy = loaded & (probed | (ratios == 0))[segment]
+    # (their deviation is measured on candidates only), of requests ranked by the oracle and of
+    # requests reusing everything. Those layers' KV is the loaded one for them, which for layer 0
+    # is exact (it depends on the token and its position alone).
+    lazy = loaded & (probed | oracled | (ratios == 0))[segment]
     hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
                                    positions, ~lazy, hidden, None)
 
@@ -95,6 +108,10 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         deviation = tensor_model_parallel_all_reduce(deviation)
     score = deviation if candidates is None else query_weighted_score(per_cost, deviation, probed[segment],
                                                                       candidates)
+    if oracle is not None:
+        if tp:
+            oracle = tensor_model_parallel_all_reduce(oracle)
+        score = torch.where(oracled[segment], oracle, score)
     hkvd = select_hkvd(score, loaded, segment, ratios, num_segments=num_reqs)
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
@@ -202,8 +219,55 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     pseudo = pseudo_request_metadata(run_rows, segment, positions.long())
     step.stats.add("probe_tokens", pseudo.num_tokens)
     probe_layers = range(step.check_layer + 1, len(layer_names))
-    captured: dict[int, torch.Tensor] = {}
+    attns = [fc.no_compile_layers[layer_names[i]] for i in probe_layers]
     keep = queries[pseudo.token_indices]  # which probe-pass rows are queries
+    with _captured_queries(attns, keep) as captured:
+        _run_subset(model.layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping,
+                    hidden, residual, positions)
+    q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
+    mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    for i, attn, q in zip(probe_layers, attns, captured):
+        mass += _layer_attention_mass(step.layout, step.caches[i], meta, q, q_rows, segment, positions,
+                                      attn.impl.scale)
+    return mass
+
+
+def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, loaded, queries,
+                  segment) -> torch.Tensor:
+    """The "oracle" selection's score of every row (diagnostic; costs a full prefill on top).
+
+    Runs the whole batch through every layer as full prefill would, capturing the question rows'
+    queries, then scores each loaded row per layer by the attention those queries pay it times
+    its V error (query_probe.oracle_layer_score), and puts the loaded KV back, so the Blend pass
+    that follows starts from the same cache as with any other selection.
+    """
+    n = segment.shape[0]
+    slots = fc.slot_mapping[layer_names[0]][:n].long()[loaded]
+    stale = [step.layout.gather(cache, slots) for cache in step.caches]
+    attns = [fc.no_compile_layers[name] for name in layer_names]
+    keep = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+    keep[:n] = queries
+    with _captured_queries(attns, keep) as captured:
+        h, r = hidden.clone(), None
+        for layer in model.layers:
+            h, r = layer(positions, h, r)
+    step.stats.add("probe_tokens", n)
+    q_rows = torch.nonzero(queries).flatten()
+    positions_n = positions[:n]
+    score = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    for cache, attn, q, (k, v) in zip(step.caches, attns, captured, stale):
+        mass = _layer_attention_mass(step.layout, cache, meta, q, q_rows, segment, positions_n, attn.impl.scale)
+        _, fresh_v = step.layout.gather(cache, slots)
+        score[loaded] += oracle_layer_score(mass[loaded], fresh_v, v)
+        step.layout.scatter(cache, slots, k, v)
+    return score
+
+
+@contextlib.contextmanager
+def _captured_queries(attns, keep):
+    """Collects, in order, each attention layer's queries of the `keep` rows of the pass run inside
+    (``[rows, heads, head_size]`` each, after RoPE)."""
+    captured: dict[int, torch.Tensor] = {}
 
     def capture(index):
         def hook(module, args, kwargs):
@@ -211,28 +275,30 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
             captured[index] = query[keep].reshape(int(keep.sum()), module.num_heads, module.head_size)
         return hook
 
-    attns = [fc.no_compile_layers[layer_names[i]] for i in probe_layers]
-    hooks = [a.register_forward_pre_hook(capture(i), with_kwargs=True) for i, a in zip(probe_layers, attns)]
+    out: list[torch.Tensor] = []
+    hooks = [a.register_forward_pre_hook(capture(i), with_kwargs=True) for i, a in enumerate(attns)]
     try:
-        _run_subset(model.layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping,
-                    hidden, residual, positions)
+        yield out
     finally:
         for handle in hooks:
             handle.remove()
+    out.extend(captured[i] for i in range(len(attns)))
 
-    mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+
+def _layer_attention_mass(layout, cache, meta, q, q_rows, segment, positions, scale) -> torch.Tensor:
+    """Attention mass queries `q` (of batch rows `q_rows`) give each batch row over one layer's
+    paged K (the request's whole K, prefix included), ``[n]`` float32."""
+    n = positions.shape[0]
+    mass = torch.zeros(n, dtype=torch.float32, device=q.device)
     qsl = meta.query_start_loc.long()
-    q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
     q_seg = segment[q_rows]
-    block_size = step.layout.kernel_block_size
+    block_size = layout.kernel_block_size
     for req in torch.unique(q_seg).tolist():
         mine = q_seg == req
         q_pos = positions[q_rows[mine]].long()
         pages = meta.block_table[req, :(int(q_pos.max()) + block_size) // block_size].long()
-        req_mass = torch.zeros(pages.shape[0] * block_size, dtype=torch.float32, device=hidden.device)
-        for i, attn in zip(probe_layers, attns):
-            k_t, _ = step.layout.gather_pages_head_major(step.caches[i], pages, values=False)  # one copy
-            req_mass += attention_mass(captured[i][mine], k_t.permute(2, 0, 1), q_pos, attn.impl.scale)
+        k_t, _ = layout.gather_pages_head_major(cache, pages, values=False)  # one copy
+        req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale)
         first, last = int(qsl[req]), int(qsl[req + 1])
         start = int(positions[first])
         mass[first:last] = req_mass[start:start + last - first]

@@ -39,7 +39,7 @@ CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
 DISABLE_BLEND_PARAM = "ucm_disable_blend"
 # Per-request recompute ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
 RATIO_PARAM = "ucm_blend_ratio"
-# Per-request selection rule ("query" or "hkvd"), overriding compute_meta's.
+# Per-request selection rule ("query", "hkvd" or the diagnostic "oracle"), overriding compute_meta's.
 SELECTION_PARAM = "ucm_blend_selection"
 # Key of the per-request report in RequestOutput.kv_transfer_params.
 REPORT_KEY = "ucm"

@@ -22,7 +22,8 @@ import torch
 
 from ucm.sparse.blend.hkvd import select_hkvd
 
-__all__ = ["attention_mass", "attention_per_cost", "probe_candidates", "probe_query_mask", "query_weighted_score"]
+__all__ = ["attention_mass", "attention_per_cost", "oracle_layer_score", "probe_candidates", "probe_query_mask",
+           "query_weighted_score"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
 # the last 16 or 32 rank as well as the whole question (KL to full prefill 0.060-0.061).
@@ -155,3 +156,17 @@ def query_weighted_score(
     chunks)."""
     weighted = torch.where(candidates, per_cost * deviation, torch.full_like(per_cost, -1.0))
     return torch.where(probed, weighted, deviation)
+
+
+def oracle_layer_score(mass: torch.Tensor, fresh_v: torch.Tensor, stale_v: torch.Tensor) -> torch.Tensor:
+    """One layer's term of the "oracle" ranking: the attention the question pays each token under
+    full prefill times the norm of the error its stale V would put into that attention, ``[n]``.
+
+    The diagnostic selection sums it over every layer, from a full prefill run first: a ranking
+    that knows what the real ones must estimate, as a reference for their quality at a ratio.
+    ``mass`` is ``[n]``, ``fresh_v`` and ``stale_v`` ``[n, kv_heads, head_dim]``.
+    """
+    if fresh_v.shape != stale_v.shape or mass.shape != fresh_v.shape[:1]:
+        raise ValueError(f"mass {tuple(mass.shape)}, fresh_v {tuple(fresh_v.shape)} and stale_v "
+                         f"{tuple(stale_v.shape)} must cover the same tokens")
+    return mass * (fresh_v.float() - stale_v.float()).flatten(1).norm(dim=1)

@@ -10,7 +10,6 @@ import pytest
 from blend_helpers import MARKER, assert_same, params, prompts, result, run
 
 from ucm.eval.datasets import generate_synthetic
-from ucm.eval.prompts import build_prompt
 
 # Every prompt opens with the same system-message chunk (one partial block), stored by whichever
 # test runs first; a prompt's own passages are new to the cache.

@@ -22,6 +22,7 @@ import logging
 
 import torch
 
+from ucm.config import BLEND_SELECTIONS, ORACLE_SELECTION, QUERY_SELECTION
 from ucm.integration.vllm.sparse_attention import subset_attention, subset_metadata
 from ucm.integration.vllm.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
@@ -30,6 +31,10 @@ from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, or
 from ucm.sparse.blend.runs import pseudo_request_metadata
 
 logger = logging.getLogger(__name__)
+
+# BlendStep.selection codes of the rules ranked here ("hkvd" is the fallback of the others).
+_QUERY = BLEND_SELECTIONS.index(QUERY_SELECTION)
+_ORACLE = BLEND_SELECTIONS.index(ORACLE_SELECTION)
 
 
 def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
@@ -62,23 +67,18 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
 
     ratios = torch.zeros(num_reqs, dtype=torch.float32, device=device)
     ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
-    wants_probe = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    wants_probe[segment[loaded][step.query_select[row[loaded]]]] = True
-    wants_probe &= (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
-    wants_oracle = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    wants_oracle[segment[loaded][step.oracle_select[row[loaded]]]] = True
-    wants_oracle &= (ratios > 0) & (ratios < 1)
+    rule = torch.full((n,), -1, dtype=step.selection.dtype, device=device)
+    rule[loaded] = step.selection[row[loaded]]
+    ranked = (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
     question = probe_query_mask(loaded, segment, num_reqs)
-    queries = question & wants_probe[segment]
-    probed = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    probed[segment[queries]] = True
-    oracle_queries = question & wants_oracle[segment]
-    oracled = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    oracled[segment[oracle_queries]] = True
+    queries = question & (ranked & _requests_with(rule == _QUERY, segment, num_reqs))[segment]
+    probed = _requests_with(queries, segment, num_reqs)
+    oracle_queries = question & (ranked & _requests_with(rule == _ORACLE, segment, num_reqs))[segment]
+    oracled = _requests_with(oracle_queries, segment, num_reqs)
     oracle = None
     if bool(oracled.any()):  # diagnostic: before anything below touches the cache
-        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, loaded, oracle_queries,
-                               segment)
+        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, slot_mapping[loaded], loaded,
+                               oracle_queries, segment)
     # Loaded rows that skip the layers before the check layer for now: those of probed requests
     # (their deviation is measured on candidates only), of requests ranked by the oracle and of
     # requests reusing everything. Those layers' KV is the loaded one for them, which for layer 0
@@ -134,6 +134,13 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     residual[idx] = r
     hidden, _ = model.norm(hidden, residual)
     return hidden
+
+
+def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
+    """``[num_reqs]`` bool: the requests owning at least one of the ``rows`` (an ``[n]`` bool mask)."""
+    owners = torch.zeros(num_reqs, dtype=torch.bool, device=rows.device)
+    owners[segment[rows]] = True
+    return owners
 
 
 def _run_layers(layers, layout, fc, meta, layer_names, slot_mapping, segment, positions, rows, hidden, residual):
@@ -232,17 +239,17 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     return mass
 
 
-def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, loaded, queries,
+def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, slots, loaded, queries,
                   segment) -> torch.Tensor:
     """The "oracle" selection's score of every row (diagnostic; costs a full prefill on top).
 
     Runs the whole batch through every layer as full prefill would, capturing the question rows'
     queries, then scores each loaded row per layer by the attention those queries pay it times
-    its V error (query_probe.oracle_layer_score), and puts the loaded KV back, so the Blend pass
-    that follows starts from the same cache as with any other selection.
+    its V error (query_probe.oracle_layer_score), and puts the loaded KV (of `slots`, the `loaded`
+    rows' slots) back, so the Blend pass that follows starts from the same cache as with any other
+    selection.
     """
     n = segment.shape[0]
-    slots = fc.slot_mapping[layer_names[0]][:n].long()[loaded]
     stale = [step.layout.gather(cache, slots) for cache in step.caches]
     attns = [fc.no_compile_layers[name] for name in layer_names]
     keep = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
-from ucm.config import ORACLE_SELECTION, QUERY_SELECTION
+from ucm.config import BLEND_SELECTIONS
 from ucm.integration.vllm.metadata import BlockDump, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
@@ -44,8 +44,7 @@ class BlendStep:
     loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
     ratios: torch.Tensor  # [n] float32: recompute ratio of the request each loaded slot belongs to
-    query_select: torch.Tensor  # [n] bool: that request ranks by query attention x deviation
-    oracle_select: torch.Tensor  # [n] bool: that request ranks by a full prefill's measure (diagnostic)
+    selection: torch.Tensor  # [n] int8: the request's selection rule, its index in BLEND_SELECTIONS
     check_layer: int
     layout: KVLayout
     caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
@@ -156,7 +155,7 @@ class WorkerSide:
                 self.stats.add("failed_blocks")
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
 
-        rows, slots, deltas, ratios, query, oracle, offset = [], [], [], [], [], [], 0
+        rows, slots, deltas, ratios, rules, offset = [], [], [], [], [], 0
         for (req, ld), buf, good in zip(chunks, destinations, ok):
             n = ld.num_tokens - ld.skip
             if good:  # a failed chunk block is simply not loaded: its tokens are computed
@@ -166,8 +165,7 @@ class WorkerSide:
                 slots.append(self._slots(req, ld.start + ld.skip, n))
                 deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
                 ratios.append(torch.full((n,), req.ratio, dtype=torch.float32))
-                query.append(torch.full((n,), req.selection == QUERY_SELECTION, dtype=torch.bool))
-                oracle.append(torch.full((n,), req.selection == ORACLE_SELECTION, dtype=torch.bool))
+                rules.append(torch.full((n,), BLEND_SELECTIONS.index(req.selection), dtype=torch.int8))
                 self._count_load(buf)
             else:
                 self.stats.add("failed_blocks")
@@ -177,8 +175,7 @@ class WorkerSide:
             slot_t = torch.cat(slots).to(self._device)
             check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
             self._blend_step = BlendStep(slot_t, check_v, torch.cat(ratios).to(self._device),
-                                         torch.cat(query).to(self._device), torch.cat(oracle).to(self._device),
-                                         self.check_layer, self.layout,
+                                         torch.cat(rules).to(self._device), self.check_layer, self.layout,
                                          self.caches, self.stats)
         elapsed = time.perf_counter() - start
         self.stats.add("load_ms", 1000.0 * elapsed)

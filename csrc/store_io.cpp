@@ -779,8 +779,16 @@ class IoEngine {
           pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort: inherited if refused
         }
         pthread_setname_np(pthread_self(), "ucm-store-io");
+        {
+          std::lock_guard<std::mutex> lk(queue_mu_);
+          ++started_;
+        }
+        queue_cv_.notify_all();
         worker_loop();
       });
+    // Ready means placed and named: callers (and /proc) see the threads as configured.
+    std::unique_lock<std::mutex> lk(queue_mu_);
+    queue_cv_.wait(lk, [&] { return started_ == num_threads; });
   }
 
   ~IoEngine() { shutdown(/*release_gil=*/false); }
@@ -885,6 +893,7 @@ class IoEngine {
   bool direct_io() const { return opt_.direct; }
 
  private:
+  int started_ = 0;  // workers past their set-up (guarded by queue_mu_)
   PinnedBuffer pin(py::handle obj, bool writable, const char* what, size_t i) {
     try {
       return PinnedBuffer(obj, writable);

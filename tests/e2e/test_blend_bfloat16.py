@@ -11,7 +11,7 @@ KV is no longer bit-exact: logprobs are compared within a bfloat16-sized toleran
 from __future__ import annotations
 
 import pytest
-from blend_helpers import prompts, run
+from blend_helpers import params, prompts, result, run
 
 from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 
@@ -53,14 +53,40 @@ def full_prefill(llm, token_ids, salt):
     return ref
 
 
+# How far Blend over exact KV may move the first token's logprob, in units of this host's bfloat16
+# noise floor (below). Measured on 6 prompts, on a CPU with AVX512-BF16 and with oneDNN and ATen
+# held to AVX-512F (ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512): the 30%-recompute
+# difference was at most 4.7 times the floor (docs/serving.md has the table).
+NOISE_FLOOR_FACTOR = 5.0
+
+
+def bf16_noise_floor(llm, token_ids, other, salt) -> tuple[float, float]:
+    """This host's bfloat16 noise on the first token's logprob, measured two ways against dense
+    prefill of ``token_ids`` alone: dense prefill of it batched with ``other`` (another batch
+    shape: other GEMM blockings and roundings) and full reuse of its stored KV (ratio 0: the
+    rounding of the stored, twice-rotated keys alone). Returns (floor, dense logprob)."""
+    dense = full_prefill(llm, token_ids, salt)
+    outs = llm.generate([{"prompt_token_ids": list(token_ids), "cache_salt": f"batched-{salt}"},
+                         {"prompt_token_ids": list(other), "cache_salt": f"batched-other-{salt}"}],
+                        params(disable=True), use_tqdm=False)
+    batched = result(outs[0])
+    reused = run(llm, token_ids, cache_salt=f"reuse-{salt}", ratio=0.0)
+    assert reused.report["blended"]
+    floor = max(abs(batched.logprobs[0] - dense.logprobs[0]), abs(reused.logprobs[0] - dense.logprobs[0]))
+    return floor, dense
+
+
 def test_reloaded_kv_with_scattered_recompute_matches_full_prefill(blend_bf16):
-    """A prompt's own KV reloaded at its own positions, 30% recomputed: full prefill up to bfloat16
-    rounding of the stored keys."""
-    a, _ = prompts(blend_bf16, seed=301)
+    """A prompt's own KV reloaded at its own positions, 30% recomputed: full prefill's greedy
+    tokens, the first logprob within a multiple of the bfloat16 noise measured on this host."""
+    a, b = prompts(blend_bf16, seed=301)
     run(blend_bf16, a)
     again = run(blend_bf16, a, cache_salt="fresh", ratio=0.3)
     assert again.report["blended"] and again.report["chunk_hit_tokens"] > 0.5 * len(a)
-    assert_close_bf16(again, full_prefill(blend_bf16, a, 301))
+    floor, dense = bf16_noise_floor(blend_bf16, a, b, 301)
+    assert again.tokens == dense.tokens
+    tol = NOISE_FLOOR_FACTOR * floor
+    assert abs(again.logprobs[0] - dense.logprobs[0]) <= tol, (again.logprobs, dense.logprobs, floor)
 
 
 def test_reordered_chunks_at_ratio_one_match_full_prefill(blend_bf16):

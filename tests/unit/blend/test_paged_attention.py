@@ -54,14 +54,9 @@ def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile):
     torch.testing.assert_close(got, torch_path, rtol=2e-5, atol=2e-5)
 
 
-def vllm_pages(k, v, page_size, isa, spare=3, seed=0):
-    """K/V of one sequence ([S, Hk, D], bfloat16 or float32) written by vLLM's own cache-write op
+def vllm_pages(op, k, v, page_size, isa, spare=3, seed=0):
+    """K/V of one sequence ([S, Hk, D], bfloat16 or float32) written by vLLM's cache-write ``op``
     for ``isa`` into shuffled pages among unused ones; returns (pages, table)."""
-    from ucm.integration.vllm.kv_layout import _vllm_cpu_reshape_and_cache
-
-    op = _vllm_cpu_reshape_and_cache()
-    if op is None:
-        pytest.skip("this vLLM build has no cpu_attn_reshape_and_cache")
     s, hk, d = k.shape
     n = (s + page_size - 1) // page_size
     g = torch.Generator().manual_seed(seed)
@@ -76,11 +71,11 @@ def vllm_pages(k, v, page_size, isa, spare=3, seed=0):
 @pytest.mark.parametrize("dtype,isa,page_format", [(torch.float32, "vec", "vec"), (torch.bfloat16, "vec", "vec"),
                                                    (torch.bfloat16, "amx", "amx")], ids=["f32", "bf16", "bf16-amx"])
 @pytest.mark.parametrize("kv_heads,group,d,page_size", [(3, 3, 64, 32), (2, 2, 128, 64)])
-def test_pages_as_vllm_writes_them(dtype, isa, page_format, kv_heads, group, d, page_size):
+def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_heads, group, d, page_size):
     """Pages written by vLLM's op in each format the kernel reads: float32 or bfloat16 in the vec
-    layout, and bfloat16 in AMX's VNNI tiles (the op packs them on any x86 CPU). The reference
-    computes in float32 on the same (rounded) K/V, so only summation order differs."""
-    pytest.importorskip("vllm")
+    layout, and bfloat16 in AMX's VNNI tiles (written by the reference tiling where this CPU's
+    vLLM build cannot pack them; see tests/cpu_probes.py). The reference computes in float32 on
+    the same (rounded) K/V, so only summation order differs."""
     gen = torch.Generator().manual_seed(d + page_size)
     num_keys = 5 * page_size + 3  # a last page with an odd number of keys (AMX pairs them)
     q_pos = torch.tensor(sorted({0, 1, 2, page_size - 1, page_size, 2 * page_size + 7,
@@ -88,7 +83,7 @@ def test_pages_as_vllm_writes_them(dtype, isa, page_format, kv_heads, group, d, 
     q = torch.randn(q_pos.shape[0], kv_heads * group, d, generator=gen) * 3
     k = torch.randn(num_keys, kv_heads, d, generator=gen).to(dtype)
     v = torch.randn(num_keys, kv_heads, d, generator=gen).to(dtype)
-    pages, table = vllm_pages(k, v, page_size, isa)
+    pages, table = vllm_pages(cache_write, k, v, page_size, isa)
     scale = 1 / math.sqrt(d)
     assert native_supported(dtype, d, page_size, page_format=page_format)
     got = paged_causal_attention(q, q_pos, pages, table, scale, page_format=page_format)

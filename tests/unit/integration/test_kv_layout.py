@@ -59,15 +59,9 @@ def test_block_slots_and_num_blocks():
 
 
 
-@pytest.fixture(scope="module")
-def cpu_op():
-    pytest.importorskip("vllm")
-    from ucm.integration.vllm.kv_layout import _vllm_cpu_reshape_and_cache
-
-    op = _vllm_cpu_reshape_and_cache()
-    if op is None:
-        pytest.skip("this vLLM build has no cpu_attn_reshape_and_cache")
-    return op
+@pytest.fixture
+def cpu_op(cache_write):
+    return cache_write
 
 
 def _vllm_write(op, cache, slots, k, v, isa):
@@ -81,8 +75,8 @@ def _isa(block_size):
     return "vec" if block_size % 32 == 0 else "vec16"
 
 
-# (block size, dtype, ISA): the vec ISAs for both dtypes, and AMX's VNNI tiles (bfloat16 only). The
-# write op packs AMX pages on any x86 host; only the attention kernel needs AMX itself.
+# (block size, dtype, ISA): the vec ISAs for both dtypes, and AMX's VNNI tiles (bfloat16 only). Where
+# vLLM's op cannot pack AMX pages on this CPU, the reference tiling writes them (tests/cpu_probes.py).
 VEC_CASES = [(bs, dt, _isa(bs)) for bs in (128, 16) for dt in DTYPES]
 CPU_CASES = VEC_CASES + [(128, torch.bfloat16, "amx"), (32, torch.bfloat16, "amx")]
 
@@ -196,16 +190,21 @@ def test_cpu_blocks(cpu_op, block_size, dtype, isa):
 
 
 @pytest.mark.parametrize(("block_size", "head_size"), [(32, 64), (128, 64), (64, 128)])
-def test_cpu_amx_page_map(cpu_op, block_size, head_size):
-    """The map read off the op matches the VNNI tiling seen in vLLM 0.32: K in 16-token tiles,
-    d pairs interleaved per token; V after all of K, in 16-column tiles, token pairs interleaved."""
+def test_cpu_amx_page_map(block_size, head_size):
+    """The map read off vLLM's op matches the VNNI tiling seen in vLLM 0.32 (the reference the
+    other AMX cases write with where the op cannot): K in 16-token tiles, d pairs interleaved per
+    token; V after all of K, in 16-column tiles, token pairs interleaved."""
+    pytest.importorskip("vllm")
+    from cpu_probes import amx_page_map_reference, amx_write_unsupported
+
     from ucm.integration.vllm.kv_layout import _page_map
 
+    if amx_write_unsupported():
+        pytest.skip(amx_write_unsupported())
     k_map, v_map = _page_map("amx", block_size, head_size)
+    want_k, want_v = amx_page_map_reference(block_size, head_size)
+    assert torch.equal(k_map, want_k) and torch.equal(v_map, want_v)
     t, d = torch.arange(block_size)[:, None], torch.arange(head_size)[None, :]
-    assert torch.equal(k_map, (t // 16) * 16 * head_size + (d // 2) * 32 + (t % 16) * 2 + d % 2)
-    assert torch.equal(v_map, block_size * head_size + (d // 16) * 16 * block_size + (t // 2) * 32
-                       + (d % 16) * 2 + t % 2)
     # So the vec layout would read garbage from an AMX cache.
     assert not torch.equal(k_map, d * block_size + t)
 
@@ -384,7 +383,7 @@ def test_backend_names_are_vllms():
 @pytest.mark.parametrize(("backend", "isa", "kbs", "dtype"),
                          [("CPU_ATTN", "vec16", 16, torch.float32), ("CPU_ATTN", "amx", 32, torch.bfloat16),
                           ("FLASH_ATTN", None, 16, torch.float32)], ids=["cpu-vec16", "cpu-amx", "flash"])
-def test_gather_pages_head_major(backend, isa, kbs, dtype):
+def test_gather_pages_head_major(cache_write, backend, isa, kbs, dtype):
     """The attention operands: K transposed [H, D, n] and V [H, n, D] of kernel blocks, in order."""
     gen = torch.Generator().manual_seed(11)
     cache = _rand((5, H, kbs, 2 * D), dtype, gen)

@@ -85,8 +85,9 @@ SCATTERED = {
 }
 
 
-# (dtype, ISA, tolerance): bfloat16 rows are rounded once more than the float32 reference. The
-# AMX cache layout is written on any x86 CPU; only vLLM's AMX kernel needs AMX to run.
+# (dtype, ISA, tolerance): bfloat16 rows are rounded once more than the float32 reference. AMX
+# pages are written by vLLM's op, or by the reference tiling where this CPU's build cannot
+# (tests/cpu_probes.py); only vLLM's AMX attention kernel needs AMX itself.
 DTYPES = {"f32": (torch.float32, None, 1e-4), "bf16": (torch.bfloat16, "vec", 2e-2),
           "bf16-amx": (torch.bfloat16, "amx", 2e-2)}
 
@@ -94,12 +95,13 @@ DTYPES = {"f32": (torch.float32, None, 1e-4), "bf16": (torch.bfloat16, "vec", 2e
 @pytest.mark.parametrize("kind", DTYPES)
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000], ids=["kernel", "k4", "k16", "tiled"])
-def test_subset_attention_is_exactly_causal(vllm_cpu, monkeypatch, min_kernel_run, native, kind):
+def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, min_kernel_run, native, kind):
     import ucm.integration.vllm.sparse_attention as sa
 
     dtype, isa, tol = DTYPES[kind]
     if isa == "amx" and min_kernel_run < 1000 and not torch.cpu._is_amx_tile_supported():
-        pytest.skip("vLLM's AMX attention kernel needs a CPU with AMX")
+        # The check vLLM itself makes before it picks ISA "amx" (cpu_attn._get_attn_isa).
+        pytest.skip("vLLM's AMX attention kernel: torch reports no AMX tile support on this CPU")
     if native and not sa.native_supported(dtype, D, BS, page_format=isa or "vec"):
         pytest.skip("native paged attention needs the built extension and AVX-512F")
     if not native:

@@ -165,6 +165,10 @@ class BlendConfig:
     check_layer: int
     ratio: float
     selection: str = QUERY_SELECTION
+    # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
+    # blended region and the recomputed share), summed over the requests blended in one step;
+    # None: vLLM's max_num_batched_tokens. A step's first blend request always goes.
+    max_step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.
@@ -176,7 +180,11 @@ class BlendConfig:
     @classmethod
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
-        _warn_unknown(d, {"chunk_end_token_id", "compute_meta"}, path)
+        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens"}, path)
+        cap = d.get("max_step_tokens")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise UCMConfigError(f"{path}.max_step_tokens must be a positive int (or absent), got {cap!r} "
+                                 f"({_type_name(cap)})")
 
         token = d.get("chunk_end_token_id")
         if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
@@ -223,6 +231,7 @@ class BlendConfig:
             check_layer=int(match.group(1)),
             ratio=float(ratio),
             selection=selection,
+            max_step_tokens=cap,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

@@ -164,15 +164,35 @@ def test_chunk_lengths_per_request_need_no_marker(blend_llm, plain_llm):
     assert_same(blended, run(plain_llm, ids))
 
 
-def test_prompt_split_by_chunked_prefill_falls_back_to_full_compute(blend_llm, plain_llm):
-    """Longer than max_num_batched_tokens (4096): blending needs the whole prompt in one step,
-    so the request is computed in full, in several steps, with the exact output."""
+def test_prompt_longer_than_the_step_budget_blends(blend_llm, plain_llm):
+    """Longer than max_num_batched_tokens (4096, chunked prefill on): the loaded region is reported
+    to vLLM as computed, so only the question is scheduled and the prompt blends in one step. At
+    ratio 1.0 that is full prefill (same tokens and logprobs as the plain engine's chunked one)."""
     a, b = prompts(blend_llm, seed=110, passages=8, words=420)
-    assert len(b) > blend_llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    budget = blend_llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert len(b) > budget
     run(blend_llm, a)
-    second = run(blend_llm, b)
-    assert second.report["chunk_hit_blocks"] > 0 and not second.report["blended"]
-    assert_same(second, run(plain_llm, b))
+    blended = run(blend_llm, b)
+    assert blended.report["blended"] and blended.report["fallback"] is None
+    assert blended.report["blend_region_tokens"] > budget
+    assert blended.report["chunk_hit_tokens"] > 0.9 * blended.report["blend_region_tokens"]
+    exact = run(blend_llm, b, cache_salt="ratio-one", ratio=1.0)
+    assert exact.report["blended"]
+    assert_same(exact, run(plain_llm, b))
+
+
+def test_concurrent_blend_requests_all_blend(blend_llm):
+    """Four blend requests scheduled together, each longer than the step budget, all blend and
+    answer as each does alone."""
+    pairs = [prompts(blend_llm, seed=130 + i, passages=8, words=420) for i in range(4)]
+    for a, _ in pairs:
+        run(blend_llm, a)
+    alone = [run(blend_llm, b, cache_salt=f"alone-{i}") for i, (_, b) in enumerate(pairs)]
+    outs = blend_llm.generate([{"prompt_token_ids": b, "cache_salt": f"together-{i}"} for i, (_, b) in enumerate(pairs)],
+                              params(), use_tqdm=False)
+    together = [result(o) for o in outs]
+    assert all(r.report["blended"] for r in alone + together)
+    assert [r.tokens[:4] for r in together] == [r.tokens[:4] for r in alone]
 
 
 def test_blend_disabled_request_still_stores_its_chunks(blend_llm):

@@ -197,8 +197,9 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
                    capacity_gb: float | None = None, **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
-    A prompt blends only when it is scheduled in one step, hence max_num_batched_tokens; TTFT
-    comes from vLLM's request metrics, which need stats logging on.
+    max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
+    fits any budget (docs/serving.md). TTFT comes from vLLM's request metrics, which need stats
+    logging on.
     """
     from ucm.integration.vllm.llm import make_llm, ucm_transfer_config
 
@@ -424,9 +425,9 @@ class BlendEvaluator:
     def check_fits(self, examples: Sequence[QAExample]) -> tuple[list[tuple[int, QAExample]], list[str]]:
         """(index, example) of the questions that fit the engine, and a warning for each problem.
 
-        Prompts longer than max_num_batched_tokens cannot be scheduled in one step and are computed
-        in full instead of blended (kept, with a warning); prompts that leave no room for the
-        answer in max_model_len would fail the engine (left out).
+        Prompts longer than max_num_batched_tokens are kept with a warning (full prefill, the
+        baseline, then takes several steps); prompts that leave no room for the answer in
+        max_model_len would fail the engine (left out).
         """
         kept, warnings = [], []
         max_model_len = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None)
@@ -438,8 +439,8 @@ class BlendEvaluator:
                 continue
             if self.max_num_batched_tokens is not None and n > self.max_num_batched_tokens:
                 warnings.append(f"question {i}: prompt of {n} tokens exceeds max_num_batched_tokens="
-                                f"{self.max_num_batched_tokens}; it cannot be scheduled in one step and "
-                                "will be computed in full instead of blended")
+                                f"{self.max_num_batched_tokens}; its full prefill (the baseline) is split "
+                                "over several steps")
             kept.append((i, ex))
         return kept, warnings
 

@@ -18,7 +18,9 @@ KV (see sparse_attention.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -43,41 +45,38 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
 
     fc = get_forward_context()
     layer_names = [name for name in fc.attn_metadata]  # one KV-cache group: one metadata object
-    meta = fc.attn_metadata[layer_names[0]]
-    n = int(meta.num_actual_tokens)
-    positions_n = positions[:n]
-    hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+    batch = _with_regions(model, step, fc.attn_metadata[layer_names[0]], fc.slot_mapping[layer_names[0]],
+                          input_ids, positions, inputs_embeds)
+    meta, positions, slot_mapping, segment = batch.meta, batch.positions, batch.slot_mapping, batch.segment
+    hidden = batch.hidden
+    n = positions.shape[0]
     layers, check = model.layers, step.check_layer
     device = hidden.device
-
-    slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
     qsl = meta.query_start_loc.long()
     num_reqs = qsl.shape[0] - 1
-    segment = torch.repeat_interleave(torch.arange(num_reqs, device=qsl.device), qsl[1:] - qsl[:-1])[:n]
     last = torch.zeros(n, dtype=torch.bool, device=device)
     last[qsl[1:] - 1] = True  # every request's last token feeds the sampler
 
-    # Batch rows whose slot holds loaded KV, and which loaded row each one is.
-    table = torch.full((int(max(slot_mapping.max().item(), step.loaded_slots.max().item())) + 1,), -1,
-                       dtype=torch.long, device=slot_mapping.device)
-    table[step.loaded_slots] = torch.arange(step.loaded_slots.shape[0], device=slot_mapping.device)
-    row = table[slot_mapping.clamp(min=0)]
-    row[slot_mapping < 0] = -1
+    # Rows whose slot holds loaded KV, and which loaded row each one is.
+    row = torch.full((n,), -1, dtype=torch.long, device=device)
+    if step.loaded_slots.numel():
+        table = torch.full((int(max(slot_mapping.max().item(), step.loaded_slots.max().item())) + 1,), -1,
+                           dtype=torch.long, device=slot_mapping.device)
+        table[step.loaded_slots] = torch.arange(step.loaded_slots.shape[0], device=slot_mapping.device)
+        row = table[slot_mapping.clamp(min=0)]
+        row[slot_mapping < 0] = -1
     loaded = row >= 0
 
-    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=device)
-    ratios.scatter_reduce_(0, segment[loaded], step.ratios[row[loaded]], reduce="amax")
-    rule = torch.full((n,), -1, dtype=step.selection.dtype, device=device)
-    rule[loaded] = step.selection[row[loaded]]
+    ratios = batch.ratios
     ranked = (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
-    question = probe_query_mask(loaded, segment, num_reqs)
-    queries = question & (ranked & _requests_with(rule == _QUERY, segment, num_reqs))[segment]
+    question = probe_query_mask(loaded, segment, num_reqs) & (positions < batch.question_end[segment])
+    queries = question & (ranked & (batch.rules == _QUERY))[segment]
     probed = _requests_with(queries, segment, num_reqs)
-    oracle_queries = question & (ranked & _requests_with(rule == _ORACLE, segment, num_reqs))[segment]
+    oracle_queries = question & (ranked & (batch.rules == _ORACLE))[segment]
     oracled = _requests_with(oracle_queries, segment, num_reqs)
     oracle = None
     if bool(oracled.any()):  # diagnostic: before anything below touches the cache
-        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, slot_mapping[loaded], loaded,
+        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, slot_mapping, loaded,
                                oracle_queries, segment)
     # Loaded rows that skip the layers before the check layer for now: those of probed requests
     # (their deviation is measured on candidates only), of requests ranked by the oracle and of
@@ -94,11 +93,11 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
     candidates = per_cost = None
     if bool(probed.any()):
-        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions_n,
+        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions, slot_mapping,
                                      ~loaded & probed[segment], queries, segment)
         if tp:  # every rank must pick the same candidates
             mass = tensor_model_parallel_all_reduce(mass)
-        per_cost = attention_per_cost(mass, positions_n)
+        per_cost = attention_per_cost(mass, positions)
         candidates = probe_candidates(per_cost, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
         hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
                                        positions, candidates, hidden, residual)
@@ -122,7 +121,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
                                    positions, compute & lazy, hidden, residual)
 
-    pseudo = pseudo_request_metadata(compute, segment, positions_n.long())
+    pseudo = pseudo_request_metadata(compute, segment, positions.long())
     logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n, check,
                  pseudo.num_runs)
     idx = pseudo.token_indices
@@ -132,8 +131,88 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)
     hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
     residual[idx] = r
-    hidden, _ = model.norm(hidden, residual)
-    return hidden
+    # Only vLLM's rows go back, in its order (the sampler reads them); padding rows stay zero.
+    rows = batch.scheduled if batch.scheduled is not None else slice(None)
+    out = hidden.new_zeros(batch.num_input_rows, hidden.shape[1])
+    out[:n if batch.scheduled is None else batch.scheduled.shape[0]], _ = model.norm(hidden[rows], residual[rows])
+    return out
+
+
+@dataclass
+class _Batch:
+    """The rows the Blend forward runs: vLLM's scheduled rows, each blend request's region rows
+    inserted before its own (a request's rows stay contiguous and in position order, as in vLLM's
+    batch), with per-request Blend settings."""
+
+    hidden: torch.Tensor  # [n, hidden] embeddings
+    positions: torch.Tensor  # [n]
+    slot_mapping: torch.Tensor  # [n] int64
+    meta: object  # attention metadata over these rows (vLLM's own when no region was inserted)
+    segment: torch.Tensor  # [n] request index (the block-table row)
+    ratios: torch.Tensor  # [num_reqs] float32, 0 for requests not blending
+    rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
+    question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
+    scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
+    num_input_rows: int  # rows of vLLM's input (padding included)
+
+
+def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positions, inputs_embeds) -> _Batch:
+    """Builds the batch of this step's forward: vLLM's rows plus the region rows of each blend
+    request, found in vLLM's batch by the slot of its first scheduled token (the V1 runner gives
+    the model no request ids)."""
+    n = int(meta.num_actual_tokens)
+    device = positions.device
+    slot_mapping = slot_mapping[:n].long()
+    qsl = meta.query_start_loc.long()
+    num_reqs = qsl.shape[0] - 1
+    owner = {slot: i for i, slot in enumerate(slot_mapping[qsl[:-1]].tolist())}
+    regions = {}
+    for region in step.regions:
+        if region.first_slot not in owner:
+            raise RuntimeError(f"Blend: no request of this batch starts at slot {region.first_slot}")
+        regions[owner[region.first_slot]] = region
+    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=device)
+    rules = torch.full((num_reqs,), -1, dtype=torch.long, device=device)
+    question_end = torch.full((num_reqs,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
+    for i, region in regions.items():
+        ratios[i], rules[i], question_end[i] = region.ratio, region.selection, region.question_end
+    hidden = inputs_embeds[:n] if inputs_embeds is not None else model.embed_input_ids(input_ids[:n])
+    if not any(len(r.positions) for r in regions.values()):
+        segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), qsl[1:] - qsl[:-1])
+        num_rows = hidden.shape[0] if inputs_embeds is None else inputs_embeds.shape[0]
+        return _Batch(hidden, positions[:n], slot_mapping, meta, segment, ratios, rules, question_end, None,
+                      num_rows)
+    lens, offset = [], 0
+    region_rows, scheduled = [], []
+    for i in range(num_reqs):
+        m = len(regions[i].positions) if i in regions else 0
+        count = int(qsl[i + 1] - qsl[i])
+        if m:
+            region_rows.append(torch.arange(offset, offset + m, device=device))
+        scheduled.append(torch.arange(offset + m, offset + m + count, device=device))
+        offset += m + count
+        lens.append(m + count)
+    region_rows, scheduled = torch.cat(region_rows), torch.cat(scheduled)
+    ordered = [regions[i] for i in sorted(regions) if len(regions[i].positions)]
+    total = offset
+    out_hidden = hidden.new_empty(total, hidden.shape[1])
+    out_hidden[scheduled] = hidden
+    out_hidden[region_rows] = model.embed_input_ids(torch.cat([r.token_ids for r in ordered]))
+    out_positions = positions.new_empty(total)
+    out_positions[scheduled] = positions[:n]
+    out_positions[region_rows] = torch.cat([r.positions for r in ordered]).to(positions.dtype)
+    out_slots = slot_mapping.new_empty(total)
+    out_slots[scheduled] = slot_mapping
+    out_slots[region_rows] = torch.cat([r.slots for r in ordered])
+    lens_t = torch.tensor(lens, device=device)
+    new_qsl = torch.zeros(num_reqs + 1, dtype=meta.query_start_loc.dtype, device=device)
+    new_qsl[1:] = torch.cumsum(lens_t, 0)
+    new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
+                                   max_query_len=int(lens_t.max()))
+    segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), lens_t)
+    num_rows = input_ids.shape[0] if inputs_embeds is None else inputs_embeds.shape[0]
+    return _Batch(out_hidden, out_positions, out_slots, new_meta, segment, ratios, rules, question_end, scheduled,
+                  num_rows)
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
@@ -146,13 +225,13 @@ def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
 def _run_layers(layers, layout, fc, meta, layer_names, slot_mapping, segment, positions, rows, hidden, residual):
     """Runs `layers` (those before the check layer) on `rows`; returns the updated (hidden, residual).
 
-    All rows: the plain stack. Otherwise a subset pass; rows that have not run yet enter with the
+    All of vLLM's rows: the plain stack. Otherwise a subset pass; rows that have not run yet enter with the
     embedding and a zero residual, which the first layer's fused add+norm treats exactly like no
     residual.
     """
     if len(layers) == 0 or not bool(rows.any()):
         return hidden, residual
-    if bool(rows.all()) and residual is None:
+    if bool(rows.all()) and residual is None and meta is fc.attn_metadata[layer_names[0]]:  # vLLM's own rows
         for layer in layers:
             hidden, residual = layer(positions, hidden, residual)
         return hidden, residual
@@ -211,8 +290,8 @@ def _check_layer_v(layer, hidden, residual) -> torch.Tensor:
     return qkv[:, attn.q_size + attn.kv_size:].reshape(-1, attn.num_kv_heads, attn.head_dim)
 
 
-def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden, residual, positions, run_rows,
-                          queries, segment) -> torch.Tensor:
+def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden, residual, positions, slot_mapping,
+                          run_rows, queries, segment) -> torch.Tensor:
     """Attention mass the question rows give each row of the batch, over the layers after the check layer.
 
     `run_rows` (every row without loaded KV of the probed requests) go through those layers over
@@ -222,7 +301,6 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     every row without loaded KV.
     """
     n = positions.shape[0]
-    slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
     pseudo = pseudo_request_metadata(run_rows, segment, positions.long())
     step.stats.add("probe_tokens", pseudo.num_tokens)
     probe_layers = range(step.check_layer + 1, len(layer_names))
@@ -239,31 +317,27 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     return mass
 
 
-def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, slots, loaded, queries,
+def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, slot_mapping, loaded, queries,
                   segment) -> torch.Tensor:
     """The "oracle" selection's score of every row (diagnostic; costs a full prefill on top).
 
     Runs the whole batch through every layer as full prefill would, capturing the question rows'
     queries, then scores each loaded row per layer by the attention those queries pay it times
-    its V error (query_probe.oracle_layer_score), and puts the loaded KV (of `slots`, the `loaded`
-    rows' slots) back, so the Blend pass that follows starts from the same cache as with any other
-    selection.
+    its V error (query_probe.oracle_layer_score), and puts the loaded KV (of the `loaded` rows)
+    back, so the Blend pass that follows starts from the same cache as with any other selection.
     """
     n = segment.shape[0]
+    slots = slot_mapping[loaded]
     stale = [step.layout.gather(cache, slots) for cache in step.caches]
     attns = [fc.no_compile_layers[name] for name in layer_names]
-    keep = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-    keep[:n] = queries
-    with _captured_queries(attns, keep) as captured:
-        h, r = hidden.clone(), None
-        for layer in model.layers:
-            h, r = layer(positions, h, r)
+    with _captured_queries(attns, queries) as captured:
+        _run_layers(model.layers, step.layout, fc, meta, layer_names, slot_mapping, segment, positions,
+                    torch.ones(n, dtype=torch.bool, device=hidden.device), hidden.clone(), None)
     step.stats.add("probe_tokens", n)
     q_rows = torch.nonzero(queries).flatten()
-    positions_n = positions[:n]
     score = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     for cache, attn, q, (k, v) in zip(step.caches, attns, captured, stale):
-        mass = _layer_attention_mass(step.layout, cache, meta, q, q_rows, segment, positions_n, attn.impl.scale)
+        mass = _layer_attention_mass(step.layout, cache, meta, q, q_rows, segment, positions, attn.impl.scale)
         _, fresh_v = step.layout.gather(cache, slots)
         score[loaded] += oracle_layer_score(mass[loaded], fresh_v, v)
         step.layout.scatter(cache, slots, k, v)

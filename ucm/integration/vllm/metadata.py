@@ -37,20 +37,37 @@ class BlockDump:
 
 
 @dataclass
+class BlendRegion:
+    """One request's Blend hand-off: prompt positions [start, end) that vLLM counts as computed
+    (reported as external tokens, so the scheduler charges only the rest) and the Blend forward
+    fills: loaded rows keep their KV or are recomputed from the check layer on, rows without
+    loaded KV (cache misses, failed loads) run every layer. Per request, never per token."""
+
+    start: int
+    token_ids: list[int]  # the prompt's tokens at [start, end): the forward embeds the rows it runs
+    ratio: float  # share of the loaded tokens recomputed from the check layer on
+    selection: str = QUERY_SELECTION  # how that share is ranked
+    question_end: int = 0  # probe queries come from rows before this position (the prompt's end)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass
 class RequestStep:
     req_id: str
     block_ids: list[int]
     num_computed_tokens: int  # tokens with KV before this step (local + external hits)
     num_scheduled_tokens: int
     prefix_loads: list[BlockLoad] = field(default_factory=list)  # external exact hits (not scheduled)
-    chunk_loads: list[BlockLoad] = field(default_factory=list)  # chunk KV under scheduled tokens
+    chunk_loads: list[BlockLoad] = field(default_factory=list)  # chunk KV inside `blend`'s region
     dumps: list[BlockDump] = field(default_factory=list)
-    ratio: float = 0.0  # share of the loaded tokens recomputed from the check layer on (config or per-request override)
-    selection: str = QUERY_SELECTION  # how the recomputed share is ranked (config or per-request override)
+    blend: BlendRegion | None = None  # the step that blends this request (its first)
 
     @property
     def blending(self) -> bool:
-        return bool(self.chunk_loads)
+        return self.blend is not None
 
 
 @dataclass

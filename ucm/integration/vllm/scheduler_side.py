@@ -1,9 +1,12 @@
 """Scheduler half of the UCM connector: lookup, load plan, dump plan, prefix-cache hygiene.
 
 One lookup serves both caches: vLLM's local prefix cache has already matched the leading blocks;
-the store is asked for the next exact prefix blocks (reported to vLLM as external tokens, which
-it does not recompute), then for every chunk block behind them (loaded under tokens that ARE
-scheduled, so the Blend forward can check and repair them).
+the store is asked for the next exact prefix blocks, then for every chunk block behind them.
+Both are reported to vLLM as external tokens: the exact prefix, and the Blend region from there
+to the last loaded chunk block. vLLM schedules and charges only what follows (the question), so
+a blend request fits any step budget and chunked prefill; the Blend forward runs the rows it
+needs from the region (misses, the recomputed share) beside the scheduled rows, under a per-step
+cap of its own (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ucm.config import BLEND_SELECTIONS
-from ucm.integration.vllm.metadata import BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
-from ucm.sparse.blend.plan import BlendPlan, build_plan
+from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -54,20 +57,32 @@ class _RequestState:
     plan: BlendPlan | None
     exact_stored: list[bool]  # per full prompt block: exact KV already in the store
     exact_limit: int  # prompt tokens before this have exact KV once computed
-    blend_allowed: bool  # False: chunks are looked up and stored, but never loaded
-    block_ids: list[int] = field(default_factory=list)
-    num_external: int = 0
-    blend_this_step: bool = False
+    prefix_external: int  # exact prefix tokens loaded from the store
+    blend_end: int  # the Blend region is [plan.prefix_tokens, blend_end); empty: no blend
     ratio: float | None = None
     selection: str | None = None
+    work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
+    block_ids: list[int] = field(default_factory=list)
+    num_external: int = 0
+    admitted: bool = False  # blocks allocated: a later lookup means it was preempted
+    blended: bool = False
+    fallback: str | None = None  # why a request with loaded chunk KV was not (or not wholly) blended
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
 
+    @property
+    def blending(self) -> bool:
+        return self.blend_end > (self.plan.prefix_tokens if self.plan else self.prompt_len)
+
 
 class SchedulerSide:
-    def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str):
+    def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
+                 step_budget: int = 8192):
         self.blend = config.sparse
+        # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
+        self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens else step_budget)
+        self._step_work = 0  # committed this step (admitted blend requests)
         self.store = store
         self.namespace = namespace
         self.block_size = block_size
@@ -127,10 +142,21 @@ class SchedulerSide:
 
     # ---- vLLM connector API (scheduler role) -------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = request.prompt_token_ids
-        if not tokens or request.num_computed_tokens > 0 or request.num_tokens > len(tokens):
-            return 0, False  # resumed / preempted requests: vLLM's own cache handles them
+        if not tokens:
+            return 0, False
+        state = self._states.get(request.request_id)
+        if state is not None and state.admitted:
+            # Preempted and back in the queue: its blocks are gone or are vLLM's own cache hits
+            # (its blended blocks under their request-unique hashes). The rest is computed in
+            # full: exact, but no longer the blend the request started with.
+            if state.blending and state.fallback is None:
+                self._fall_back(state, "preempted")
+            return 0, False
+        if request.num_computed_tokens > 0 or request.num_tokens > len(tokens):
+            return 0, False  # resumed without a plan of ours: vLLM's own cache handles it
+        self._restore_hashes(request)  # a request deferred last step is planned afresh
         bs = self.block_size
         prompt_len = len(tokens)
         num_full = prompt_len // bs
@@ -149,20 +175,31 @@ class SchedulerSide:
         layout = self.chunk_layout(request)
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup)
-        blend = plan is not None and not (request.kv_transfer_params or {}).get(DISABLE_BLEND_PARAM)
-        first_approx = plan.first_approximate_token if blend else None
-        exact_limit = prompt_len if first_approx is None else first_approx
-        if first_approx is not None:
-            self._salt_hashes(request, first_approx // bs)
-        self._states[request.request_id] = _RequestState(request, prompt_len, plan, exact_stored, exact_limit, blend)
-        return external, False
+        state = _RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
+        if plan is not None and not (request.kv_transfer_params or {}).get(DISABLE_BLEND_PARAM):
+            state.blend_end = blend_region_end(plan, prompt_len)
+        if state.blending:
+            state.ratio, state.selection = self._ratio(request), self._selection(request)
+            state.work = region_work(plan, state.blend_end, state.ratio)
+            if self._step_work and self._step_work + state.work > self.step_cap:
+                self.stats.add("blend_deferrals")
+                return None, False  # this step's Blend work is full: next step (vLLM keeps its place)
+            first_approx = plan.first_approximate_token
+            if first_approx is not None:
+                state.exact_limit = first_approx
+                self._salt_hashes(request, first_approx // bs)
+        self._states[request.request_id] = state
+        return state.blend_end - num_computed_tokens if state.blending else external, False
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         state = self._states.get(request.request_id)
-        if state is None:
+        if state is None or state.admitted:
             return
+        state.admitted = True
         state.block_ids = list(blocks.get_block_ids()[0])
         state.num_external = num_external_tokens
+        if state.blending:
+            self._step_work += state.work
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
         meta = UCMConnectorMetadata()
@@ -181,13 +218,17 @@ class SchedulerSide:
             if state is None:
                 continue
             if cached.new_block_ids[i] is not None:
-                state.block_ids.extend(cached.new_block_ids[i][0])
+                if req_id in cached.resumed_req_ids:  # a preempted request's blocks, anew
+                    state.block_ids = list(cached.new_block_ids[i][0])
+                else:
+                    state.block_ids.extend(cached.new_block_ids[i][0])
             step = self._dump_step(state, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[req_id])
             if step is not None:
                 meta.requests.append(step)
-        if any(r.prefix_loads or r.chunk_loads for r in meta.requests):
+        if any(r.prefix_loads or r.chunk_loads or r.blend for r in meta.requests):
             # Loads must land before this step's forward (vLLM then calls start_load_kv first).
             scheduler_output.has_sync_kv_loads = True
+        self._step_work = 0
         return meta
 
     def request_finished(self, request: Request) -> dict | None:
@@ -199,13 +240,15 @@ class SchedulerSide:
         plan = state.plan
         return {REPORT_KEY: {
             "prompt_tokens": state.prompt_len,
-            "external_prefix_tokens": state.num_external,
+            "external_prefix_tokens": state.prefix_external,
+            "blend_region_tokens": state.num_external - state.prefix_external,
             "chunk_blocks": len(plan.blocks) if plan else 0,
             "chunk_hit_blocks": len(plan.loaded) if plan else 0,
             "chunk_hit_tokens": plan.num_loaded_tokens if plan else 0,
-            "blended": state.blend_this_step,
+            "blended": state.blended,
             "ratio": state.ratio,
             "selection": state.selection,
+            "fallback": state.fallback,
             "dumped_blocks": state.num_dumped,
         }}
 
@@ -214,32 +257,45 @@ class SchedulerSide:
     def _new_request_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         bs = self.block_size
         step = RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled)
+        if state.blended or state.fallback == "preempted":  # resumed (V2 runner: among the new requests)
+            step.dumps = self._dumps(state, num_computed + num_scheduled)
+            return step if step.dumps else None
         local = num_computed - state.num_external
         self.stats.add("requests")
         self.stats.add("prompt_tokens", state.prompt_len)
         self.stats.add("local_prefix_tokens", local)
-        self.stats.add("store_prefix_tokens", state.num_external)
-        for b in range(local // bs, num_computed // bs):
-            step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, self._original_hashes(state.request)[b]), b * bs, bs))
+        self.stats.add("store_prefix_tokens", state.prefix_external)
+        hashes = self._original_hashes(state.request)
+        for b in range(local // bs, (local + state.prefix_external) // bs):
+            step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
         plan = state.plan
-        if plan is not None and plan.loaded and state.blend_allowed:
-            whole = num_computed + num_scheduled >= state.prompt_len
-            if whole and plan.prefix_tokens == num_computed:
-                state.blend_this_step = True
-                step.ratio = state.ratio = self._ratio(state.request)
-                step.selection = state.selection = self._selection(state.request)
+        if state.blending:
+            start = local + state.prefix_external
+            if num_computed != state.blend_end or start != plan.prefix_tokens:
+                # vLLM took fewer external tokens than offered: blend what it counts as computed.
+                logger.warning("request %s: vLLM counts %d tokens computed, the Blend region ends at %d",
+                               state.request.request_id, num_computed, state.blend_end)
+                self._fall_back(state, "external_trimmed")
+            end = min(num_computed, state.blend_end)
+            if plan.prefix_tokens < end:
+                state.blended = True
+                tokens = state.request.prompt_token_ids
+                step.blend = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio,
+                                         state.selection, state.prompt_len)
+                loaded = [b for b in plan.loaded if b.placed.start < end]
                 self.stats.add("blended_requests")
-                self.stats.add("chunk_hit_tokens", plan.num_loaded_tokens)
-                for blk in plan.loaded:
+                self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
+                for blk in loaded:
                     step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
                                                       len(blk.tokens), blk.chunk_start, blk.skip))
-            else:
-                logger.info("request %s: prompt not scheduled in one step (%d of %d tokens); computing it in "
-                            "full instead of blending", state.request.request_id, num_scheduled,
-                            state.prompt_len - num_computed)
-                state.exact_limit = state.prompt_len  # computed in full: exact after all
         step.dumps = self._dumps(state, num_computed + num_scheduled)
-        return step if (step.prefix_loads or step.chunk_loads or step.dumps) else None
+        return step if (step.prefix_loads or step.blend or step.dumps) else None
+
+    def _fall_back(self, state: _RequestState, reason: str) -> None:
+        """Says why a request with loaded chunk KV is not (wholly) blended: counter, report and log."""
+        state.fallback = reason
+        self.stats.add(f"blend_fallbacks_{reason}")
+        logger.info("request %s: Blend falls back (%s)", state.request.request_id, reason)
 
     def _ratio(self, request: Request) -> float:
         ratio = (request.kv_transfer_params or {}).get(RATIO_PARAM, self.blend.ratio)
@@ -296,6 +352,11 @@ class SchedulerSide:
             kind = KeyKind.EXACT if exact else KeyKind.CHUNK
             dumps.append(BlockDump(self.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
         return dumps
+
+    def _restore_hashes(self, request: Request) -> None:
+        original = self._originals.pop(request.request_id, None)
+        if original is not None:
+            request.block_hashes[:len(original)] = original
 
     def _original_hashes(self, request: Request) -> list[bytes]:
         """The request's exact-prefix hashes, also after its tail was salted."""

@@ -22,6 +22,9 @@ COUNTERS: dict[str, str] = {
     "store_prefix_tokens": "Prompt tokens served as an exact prefix from the UCM store",
     "chunk_hit_tokens": "Prompt tokens whose chunk KV was found in the store and loaded for Blend",
     "blended_requests": "Requests computed with the Blend sparse forward",
+    "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
+    "blend_fallbacks_preempted": "Blended requests preempted and then computed in full from vLLM's cache",
+    "blend_fallbacks_external_trimmed": "Blend requests whose region vLLM cut short (the rest computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",

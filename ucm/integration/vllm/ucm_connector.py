@@ -100,7 +100,7 @@ class UCMConnector(KVConnectorBase_V1):
                 vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
-                cache.prefix_caching_hash_algo)
+                cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
         else:
             try:
                 self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)

@@ -38,13 +38,25 @@ def layer_index(name: str) -> int:
 
 
 @dataclass
+class RegionRows:
+    """One blend request's region, as the forward runs it beside the request's scheduled rows."""
+
+    first_slot: int  # slot of the request's first scheduled token: finds the request in the batch
+    positions: torch.Tensor  # [m] prompt positions of the region
+    token_ids: torch.Tensor  # [m]
+    slots: torch.Tensor  # [m]
+    ratio: float
+    selection: int  # index in BLEND_SELECTIONS
+    question_end: int  # probe queries come from rows before this position
+
+
+@dataclass
 class BlendStep:
     """What the Blend forward of this step needs from the loads (handed over once, then cleared)."""
 
     loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
-    ratios: torch.Tensor  # [n] float32: recompute ratio of the request each loaded slot belongs to
-    selection: torch.Tensor  # [n] int8: the request's selection rule, its index in BLEND_SELECTIONS
+    regions: list[RegionRows]  # one per blend request
     check_layer: int
     layout: KVLayout
     caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
@@ -131,7 +143,8 @@ class WorkerSide:
         self._reap_dumps(block=False)
         prefix = [(req, ld) for req in meta.requests for ld in req.prefix_loads]
         chunks = [(req, ld) for req in meta.requests for ld in req.chunk_loads]
-        if not prefix and not chunks:
+        blends = [req for req in meta.requests if req.blend is not None]
+        if not prefix and not chunks and not blends:
             return
         start = time.perf_counter()
         self._reap_dumps(block=True)  # the scheduler counts this engine's recent dumps as stored
@@ -155,31 +168,40 @@ class WorkerSide:
                 self.stats.add("failed_blocks")
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
 
-        rows, slots, deltas, ratios, rules, offset = [], [], [], [], [], 0
+        rows, slots, deltas, offset = [], [], [], 0
         for (req, ld), buf, good in zip(chunks, destinations, ok):
             n = ld.num_tokens - ld.skip
-            if good:  # a failed chunk block is simply not loaded: its tokens are computed
+            if good:  # a failed chunk block is simply not loaded: the forward computes its tokens
                 if ld.skip:
                     staging[offset:offset + n] = buf[ld.skip:]
                 rows.append(torch.arange(offset, offset + n))
                 slots.append(self._slots(req, ld.start + ld.skip, n))
                 deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
-                ratios.append(torch.full((n,), req.ratio, dtype=torch.float32))
-                rules.append(torch.full((n,), BLEND_SELECTIONS.index(req.selection), dtype=torch.int8))
                 self._count_load(buf)
             else:
                 self.stats.add("failed_blocks")
             offset += n
-        if rows:
-            loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
-            slot_t = torch.cat(slots).to(self._device)
-            check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
-            self._blend_step = BlendStep(slot_t, check_v, torch.cat(ratios).to(self._device),
-                                         torch.cat(rules).to(self._device), self.check_layer, self.layout,
-                                         self.caches, self.stats)
+        if blends:
+            if rows:
+                loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
+                slot_t = torch.cat(slots).to(self._device)
+                check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
+            else:  # every chunk load failed: the regions are computed in full
+                slot_t = torch.zeros(0, dtype=torch.long, device=self._device)
+                check_v = torch.zeros((0, *self._token_shape[2:]), dtype=self._dtype, device=self._device)
+            self._blend_step = BlendStep(slot_t, check_v, [self._region_rows(req) for req in blends],
+                                         self.check_layer, self.layout, self.caches, self.stats)
         elapsed = time.perf_counter() - start
         self.stats.add("load_ms", 1000.0 * elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
+
+    def _region_rows(self, req: RequestStep) -> RegionRows:
+        region = req.blend
+        n = region.end - region.start
+        slots = self._slots(req, region.start, n + 1).to(self._device)  # and the first scheduled token's
+        return RegionRows(int(slots[-1]), torch.arange(region.start, region.end, device=self._device),
+                          torch.tensor(region.token_ids, dtype=torch.long, device=self._device), slots[:n],
+                          region.ratio, BLEND_SELECTIONS.index(region.selection), region.question_end)
 
     def _count_load(self, block: torch.Tensor) -> None:
         self.stats.add("loaded_blocks")

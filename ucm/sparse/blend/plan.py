@@ -9,6 +9,7 @@ costs only that block.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -98,3 +99,24 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
         kind = KeyKind.EXACT if is_exact else (KeyKind.CHUNK if chunk_hits.get(h) else None)
         blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start)))
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks))
+
+
+def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:
+    """End of the region a request blends beside the rows the engine schedules.
+
+    The region runs from the exact prefix to the end of the last loaded chunk block; the engine
+    is told it is computed (as it is told of prefix hits), so it schedules and charges only what
+    follows: the question and any chunks after the last hit. At least the prompt's last token is
+    left to the engine, which must compute one. Returns ``plan.prefix_tokens`` (an empty region)
+    when nothing is loaded.
+    """
+    ends = [b.placed.end for b in plan.loaded]
+    return max(plan.prefix_tokens, min(max(ends, default=0), prompt_len - 1))
+
+
+def region_work(plan: BlendPlan, end: int, ratio: float) -> int:
+    """Rows the Blend forward runs through the later layers for a region ending at ``end``: the
+    tokens without loaded KV there (misses) and the recomputed share of the loaded ones."""
+    region = end - plan.prefix_tokens
+    loaded = sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded)
+    return region - loaded + math.ceil(ratio * loaded)

@@ -1,0 +1,268 @@
+"""Blend under serving load: vLLM's OpenAI server with the UCM connector, many RAG requests at once.
+
+Starts `ucm-vllm serve` on 127.0.0.1 with vLLM's default scheduler settings (chunked prefill on,
+the default step budget) and the README's connector config, indexes every question's passages
+(one `[system][passage]` request each, as an indexing step would), then, at each concurrency,
+sends every question with its passages in reverse order, once with Blend and once with Blend
+off for the request (`ucm_disable_blend`), each request under its own `cache_salt` so vLLM's
+prefix cache serves none of them. TTFT is the time to the first streamed token.
+
+    python benchmarks/serve_bench.py                          # 8 questions, concurrency 1,2,4,8
+    python benchmarks/serve_bench.py --num-questions 4 --concurrency 1,4
+
+Reports per mode and concurrency: TTFT p50/p90, requests/s and prompt tokens/s over the phase,
+the share of requests blended and the fallbacks (from the server's /metrics), and whether the
+answers under load are those of the same prompts at concurrency 1. Writes JSON as it goes and a
+PNG (TTFT p50 against requests/s). Data: ../shared/data/musique_dev.json when present, else
+generated questions of 10 passages x ~450 words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
+RATIO = 0.15
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (default: the embedded one)")
+    p.add_argument("--num-questions", type=int, default=8)
+    p.add_argument("--skip-questions", type=int, default=0, help="start at this question of the data set")
+    p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--generated", action="store_true", help="generated questions even if MuSiQue is present")
+    p.add_argument("--serve-args", default="", help="extra `vllm serve` flags, e.g. '--max-num-batched-tokens 8192'")
+    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--table", metavar="JSON", help="print the table of an earlier run's JSON and exit")
+    return p.parse_args(argv)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, store: str, port: int, extra: list[str], log) -> subprocess.Popen:
+    ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": store}}],
+        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
+                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO}}}}}}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
+           str(port), "--dtype", "float32", "--enforce-eager",
+           "--kv-transfer-config", json.dumps(ktc), *extra]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start; see its log")
+            time.sleep(1)
+
+
+def counters(url: str) -> dict[str, float]:
+    """The connector's counters from /metrics (vllm:ucm_<name>_total), summed over engines."""
+    out: dict[str, float] = {}
+    for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines():
+        if line.startswith("vllm:ucm_") and "_total" in line:
+            name = line.split("{")[0].split(" ")[0][len("vllm:ucm_"):].removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def one_request(client, model, token_ids, salt, blend: bool, max_tokens: int) -> dict:
+    extra = {"cache_salt": salt}
+    if not blend:
+        extra["kv_transfer_params"] = {"ucm_disable_blend": True}
+    start = time.perf_counter()
+    ttft, text = None, ""
+    stream = await client.completions.create(model=model, prompt=token_ids, max_tokens=max_tokens, temperature=0,
+                                             stream=True, extra_body=extra)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text is not None:
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            text += chunk.choices[0].text
+    return {"ttft": ttft if ttft is not None else time.perf_counter() - start,
+            "latency": time.perf_counter() - start, "text": text}
+
+
+async def run_phase(client, model, prompts, concurrency: int, tag: str, blend: bool, max_tokens: int) -> dict:
+    """Every prompt once, at most `concurrency` in flight; returns per-request results and the wall time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(i, ids):
+        async with sem:
+            return await one_request(client, model, ids, f"{tag}-{i}", blend, max_tokens)
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(guarded(i, ids) for i, ids in enumerate(prompts)))
+    return {"wall_s": time.perf_counter() - start, "requests": results}
+
+
+def percentile(values, q):
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def summarize(phase: dict, prompt_tokens: int, before: dict, after: dict) -> dict:
+    ttfts = [r["ttft"] for r in phase["requests"]]
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    n = len(ttfts)
+    return {
+        "ttft_p50_s": statistics.median(ttfts), "ttft_p90_s": percentile(ttfts, 0.9),
+        "requests_per_s": n / phase["wall_s"], "prompt_tokens_per_s": prompt_tokens / phase["wall_s"],
+        "wall_s": phase["wall_s"], "requests": n,
+        "blended": int(delta.get("blended_requests", 0)),
+        "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_")},
+        "deferrals": int(delta.get("blend_deferrals", 0)),
+        "answers": [r["text"] for r in phase["requests"]],
+    }
+
+
+def load_prompts(args, tokenizer):
+    from ucm.eval.blend_eval import indexing_prompts
+    from ucm.eval.datasets import load_dataset
+    from ucm.eval.prompts import build_prompt, chunk_end_token_id
+
+    path = None if args.generated or not DEFAULT_DATASET.is_file() else DEFAULT_DATASET
+    examples = load_dataset(path, limit=args.skip_questions + args.num_questions, num_examples=args.skip_questions
+                            + args.num_questions, passages_per_example=10, passage_words=450)[args.skip_questions:]
+    marker = chunk_end_token_id(tokenizer)
+    index, reordered = [], []
+    for ex in examples:
+        order = list(range(len(ex.passages)))
+        index += indexing_prompts(build_prompt(tokenizer, ex, marker, order=order))
+        reordered.append(build_prompt(tokenizer, ex, marker, order=order[::-1]).token_ids)
+    return ("MuSiQue" if path else "generated"), index, reordered
+
+
+def plot(results: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, marker in (("blend", "o"), ("full", "s")):
+        rows = [r for r in results["phases"] if r["mode"] == mode]
+        ax.plot([r["requests_per_s"] for r in rows], [r["ttft_p50_s"] for r in rows], marker=marker,
+                label="Blend 0.15" if mode == "blend" else "Blend off (full prefill)")
+        for r in rows:
+            ax.annotate(f"c={r['concurrency']}", (r["requests_per_s"], r["ttft_p50_s"]), fontsize=8)
+    ax.set_xlabel("requests/s")
+    ax.set_ylabel("TTFT p50 (s)")
+    ax.set_yscale("log")
+    ax.set_title(f"ucm-vllm serve, {results['dataset']}, ~{results['mean_prompt_tokens']:.0f}-token prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.table:
+        print_table(json.loads(Path(args.table).read_text()))
+        return 0
+    from openai import AsyncOpenAI
+    from transformers import AutoTokenizer
+
+    from ucm.models import prepare
+
+    model = args.model or str(prepare())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    dataset, index, prompts = load_prompts(args, tokenizer)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompt_tokens = sum(len(p) for p in prompts)
+    results = {"dataset": dataset, "questions": len(prompts), "mean_prompt_tokens": prompt_tokens / len(prompts),
+               "ratio": RATIO, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store = tempfile.mkdtemp(prefix="ucm-serve-bench-")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(out.with_suffix(".server.log"), "w")
+    proc = start_server(model, store, port, args.serve_args.split(), log)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    try:
+        wait_healthy(url, proc)
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
+        name = asyncio.run(_model_name(client))
+        t = time.perf_counter()
+        asyncio.run(run_phase(client, name, index, 4, "index", True, 1))
+        print(f"indexed {len(index)} passages in {time.perf_counter() - t:.0f} s", flush=True)
+        reference = None
+        for c in levels:
+            for mode in ("blend", "full"):
+                before = counters(url)
+                phase = asyncio.run(run_phase(client, name, prompts, c, f"{mode}-c{c}", mode == "blend",
+                                              args.max_tokens))
+                row = {"mode": mode, "concurrency": c, **summarize(phase, prompt_tokens, before, counters(url))}
+                if mode == "blend":
+                    reference = reference or row["answers"]
+                    row["same_answers_as_concurrency_1"] = sum(a == b for a, b in zip(row["answers"], reference))
+                results["phases"].append(row)
+                print(f"{mode:5s} c={c}: TTFT p50 {row['ttft_p50_s']:.2f} s p90 {row['ttft_p90_s']:.2f} s, "
+                      f"{row['requests_per_s']:.3f} req/s, {row['prompt_tokens_per_s']:.0f} prompt tok/s, blended "
+                      f"{row['blended']}/{row['requests']}, fallbacks {row['fallbacks'] or 0}, "
+                      f"deferrals {row['deferrals']}", flush=True)
+                out.write_text(json.dumps(results, indent=1))
+        print_table(results)
+        if not args.no_plot:
+            plot(results, out.with_suffix(".png"))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        subprocess.run(["rm", "-rf", store], check=False)
+    return 0
+
+
+async def _model_name(client) -> str:
+    return (await client.models.list()).data[0].id
+
+
+def print_table(results: dict) -> None:
+    by = {(r["mode"], r["concurrency"]): r for r in results["phases"]}
+    print("\n| concurrency | blended | TTFT p50 on / off | speed-up | req/s on / off | throughput gain | same answers |")
+    print("|---|---|---|---|---|---|---|")
+    for c in sorted({r["concurrency"] for r in results["phases"]}):
+        on, off = by.get(("blend", c)), by.get(("full", c))
+        if not on or not off:
+            continue
+        print(f"| {c} | {on['blended']}/{on['requests']} | {on['ttft_p50_s']:.2f} s / {off['ttft_p50_s']:.2f} s | "
+              f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x | {on['requests_per_s']:.3f} / {off['requests_per_s']:.3f} | "
+              f"{on['requests_per_s'] / off['requests_per_s']:.2f}x | {on['same_answers_as_concurrency_1']}/{on['requests']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The lookup plan and the Blend region handed to the engine as computed (ucm.sparse.blend.plan)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ucm.sparse.blend.chunking import split_by_lengths
+from ucm.sparse.blend.hashing import BlockHasher
+from ucm.sparse.blend.plan import blend_region_end, build_plan, region_work
+from ucm.store.keys import KeyKind
+
+BS = 4
+
+
+def plan_for(lengths, prompt_len, stored_chunk_blocks, prefix_tokens=0):
+    """A plan over chunks of `lengths` (then a suffix), where the chunk blocks numbered in
+    `stored_chunk_blocks` (in prompt order) are in the store as CHUNK KV."""
+    hasher = BlockHasher.from_seed("sha256", BS, "test")
+    tokens = list(range(1000, 1000 + prompt_len))
+    layout = split_by_lengths(prompt_len, lengths)
+    hashes = []
+    plan0 = build_plan(layout, tokens, hasher, 0, lambda kind, hs: [False] * len(hs))
+    for i, blk in enumerate(plan0.blocks):
+        if i in stored_chunk_blocks:
+            hashes.append(blk.block_hash)
+    stored = set(hashes)
+    return build_plan(layout, tokens, hasher, prefix_tokens,
+                      lambda kind, hs: [kind is KeyKind.CHUNK and h in stored for h in hs])
+
+
+def test_region_ends_at_the_last_loaded_block():
+    # chunks [0, 6) [6, 16) then a suffix [16, 20); chunk blocks: [0,4) [4,6) [6,10) [10,14) [14,16)
+    plan = plan_for([6, 10], 20, {0, 1, 2, 3})
+    assert [len(b.placed) for b in plan.loaded] == [4, 2, 4, 4]
+    assert blend_region_end(plan, 20) == 14  # the missed block [14, 16) is scheduled with the suffix
+    # Inside the region: nothing missed; 14 loaded tokens, 15% recomputed (rounded up).
+    assert region_work(plan, 14, 0.15) == 3
+    assert region_work(plan, 14, 1.0) == 14 and region_work(plan, 14, 0.0) == 0
+
+
+def test_misses_inside_the_region_are_its_work():
+    plan = plan_for([6, 10], 20, {0, 4})  # loaded [0,4) and [14,16); [4,14) missed
+    assert blend_region_end(plan, 20) == 16
+    assert region_work(plan, 16, 0.0) == 10  # the 10 missed tokens run every layer
+    assert region_work(plan, 16, 0.5) == 10 + 3  # ceil(0.5 * 6)
+
+
+def test_the_engine_keeps_at_least_the_last_token():
+    plan = plan_for([6, 10], 16, {0, 1, 2, 3, 4})  # no suffix: the prompt ends inside the last chunk
+    assert blend_region_end(plan, 16) == 15
+    assert region_work(plan, 15, 0.0) == 0
+
+
+def test_nothing_loaded_is_an_empty_region_at_the_prefix():
+    plan = plan_for([6, 10], 20, set(), prefix_tokens=4)
+    assert plan.loaded == () and blend_region_end(plan, 20) == 4
+    plan = plan_for([6, 10], 20, {0, 2}, prefix_tokens=4)  # block 0 lies in the exact prefix
+    assert [b.placed.start for b in plan.loaded] == [6]
+    assert blend_region_end(plan, 20) == 10 and region_work(plan, 10, 0.0) == 2  # [4, 6) missed
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])
+def test_work_never_exceeds_the_region(ratio):
+    plan = plan_for([6, 10], 20, {1, 3})
+    end = blend_region_end(plan, 20)
+    assert 0 <= region_work(plan, end, ratio) <= end - plan.prefix_tokens

@@ -1,0 +1,165 @@
+"""The scheduler half of the connector on a real store: the Blend region reported to vLLM as
+computed, the per-step cap on Blend work, prefix-cache hygiene and preemption.
+
+Requests are stand-ins with the fields vLLM's `Request` gives the connector; the store is a real
+UcmNfsStore directory holding each chunk block under its CHUNK key.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ucm.config import UCMConfig
+from ucm.integration.vllm.scheduler_side import SchedulerSide
+from ucm.sparse.blend.chunking import split_by_marker
+from ucm.sparse.blend.hashing import BlockHasher
+from ucm.sparse.blend.plan import build_plan
+from ucm.store.factory import create_store
+from ucm.store.keys import KeyKind
+
+BS, MARKER = 4, 2
+
+
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5):
+    blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
+    if max_step_tokens is not None:
+        blend["max_step_tokens"] = max_step_tokens
+    config = UCMConfig.from_extra_config({
+        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
+                            "ucm_connector_config": {"storage_backends": str(tmp_path / "store")}}],
+        "ucm_sparse_config": {"Blend": blend}})
+    store = create_store("UcmNfsStore", config.stores[0].config)
+    side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64)
+    side._hasher = BlockHasher.from_seed("sha256", BS, "test")
+    return side
+
+
+def prompt(seed):
+    """Three chunks (each ending with the marker) and a 3-token question: 22 tokens."""
+    rng = np.random.default_rng(seed)
+    chunks = [list(rng.integers(10, 1000, n)) + [MARKER] for n in (5, 6, 5)]
+    return [int(t) for c in chunks for t in c] + [7, 8, 9]
+
+
+def store_chunks(side, tokens):
+    plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
+    keys = [side.key(KeyKind.CHUNK, b.block_hash) for b in plan.blocks]
+    buffers = [np.zeros(64 * len(b.tokens), dtype=np.uint8) for b in plan.blocks]
+    assert all(side.store.wait(side.store.dump(keys, buffers, [len(b.tokens) for b in plan.blocks])))
+
+
+def request(side, req_id, tokens):
+    return SimpleNamespace(request_id=req_id, prompt_token_ids=tokens, kv_transfer_params=None, num_computed_tokens=0,
+                           num_tokens=len(tokens), block_hashes=side.hasher.prefix_hashes(tokens))
+
+
+def admit(side, req, num_external):
+    blocks = list(range(1, len(req.prompt_token_ids) // BS + 2))
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: (blocks,)), num_external)
+    return SimpleNamespace(req_id=req.request_id, block_ids=(blocks,), num_computed_tokens=num_external)
+
+
+def step(side, new, scheduled):
+    cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[])
+    out = SimpleNamespace(scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
+                          has_sync_kv_loads=False)
+    return side.build_connector_meta(out), out
+
+
+def test_loaded_region_is_reported_computed_and_handed_over_per_request(tmp_path):
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    original = list(req.block_hashes)
+    external, load_async = side.get_num_new_matched_tokens(req, 0)
+    assert (external, load_async) == (19, False)  # every chunk token: only the question is scheduled
+    # Blocks holding blended KV get request-unique hashes before vLLM caches them (every chunk
+    # here was stored as CHUNK KV, so the KV is approximate from token 0).
+    assert all(h != o for h, o in zip(req.block_hashes, original))
+    new = admit(side, req, external)
+    meta, out = step(side, [new], {"a": 3})
+    (s,) = meta.requests
+    assert s.blend.start == 0 and s.blend.end == 19 and s.blend.token_ids == tokens[:19]
+    assert s.blend.ratio == 0.5 and s.blend.question_end == len(tokens) and s.blend.selection == "query"
+    assert sum(ld.num_tokens - ld.skip for ld in s.chunk_loads) == 19
+    assert out.has_sync_kv_loads  # loads land before the forward
+    report = side.request_finished(req)["ucm"]
+    assert report["blended"] and report["blend_region_tokens"] == 19 and report["external_prefix_tokens"] == 0
+    assert report["fallback"] is None and report["chunk_hit_tokens"] == 19
+    assert side.stats.data["blended_requests"] == 1
+
+
+def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
+    side = side_for(tmp_path, max_step_tokens=12)  # region work: ceil(0.5 * 19) = 10 per request
+    a, b = request(side, "a", prompt(1)), request(side, "b", prompt(2))
+    store_chunks(side, a.prompt_token_ids)
+    store_chunks(side, b.prompt_token_ids)
+    original_b = list(b.block_hashes)
+    first = admit(side, a, side.get_num_new_matched_tokens(a, 0)[0])
+    assert side.get_num_new_matched_tokens(b, 0) == (None, False)  # 10 + 10 > 12: vLLM keeps it queued
+    assert side.stats.data["blend_deferrals"] == 1
+    step(side, [first], {"a": 3})  # the step ends: its Blend work starts from zero again
+    assert side.get_num_new_matched_tokens(b, 0) == (19, False)
+    salted = list(b.block_hashes)
+    side._restore_hashes(b)  # salted from the originals, not twice
+    assert b.block_hashes == original_b
+    side._salt_hashes(b, 0)
+    assert b.block_hashes == salted
+    side._restore_hashes(b)
+    assert b.block_hashes == original_b
+
+
+def test_a_steps_first_blend_request_goes_whatever_its_work(tmp_path):
+    side = side_for(tmp_path, max_step_tokens=1)
+    req = request(side, "a", prompt(1))
+    store_chunks(side, req.prompt_token_ids)
+    assert side.get_num_new_matched_tokens(req, 0) == (19, False)
+
+
+def test_preempted_blend_request_is_finished_in_full_and_never_stored_as_exact(tmp_path):
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
+    step(side, [new], {"a": 3})
+    # Preempted: back in the queue with nothing computed; readmitted (V2 runner: as a new request).
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert side.stats.data["blend_fallbacks_preempted"] == 1
+    again = SimpleNamespace(req_id="a", block_ids=new.block_ids, num_computed_tokens=0)
+    meta, out = step(side, [again], {"a": len(tokens)})
+    assert all(not r.blend and not r.chunk_loads for r in meta.requests)
+    exact = {side.key(KeyKind.EXACT, h) for h in side._original_hashes(req)}
+    assert not any(d.key in exact and d.start >= BS for r in meta.requests for d in r.dumps)
+    report = side.request_finished(req)["ucm"]
+    assert report["blended"] and report["fallback"] == "preempted"
+
+
+def test_opted_out_request_is_planned_but_not_blended(tmp_path):
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    req.kv_transfer_params = {"ucm_disable_blend": True}
+    original = list(req.block_hashes)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert req.block_hashes == original  # computed in full: exact, shareable
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
+    assert all(r.blend is None for r in meta.requests)
+    report = side.request_finished(req)["ucm"]
+    assert not report["blended"] and report["fallback"] is None and report["chunk_hit_blocks"] > 0
+
+
+@pytest.mark.parametrize("cap", [0, -3, True, 2.5])
+def test_max_step_tokens_must_be_a_positive_int(cap):
+    from ucm.config import UCMConfigError
+
+    with pytest.raises(UCMConfigError, match="max_step_tokens"):
+        UCMConfig.from_extra_config({
+            "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": "/x"}}],
+            "ucm_sparse_config": {"Blend": {"max_step_tokens": cap, "compute_meta": {
+                "model.layers.1.self_attn.attn": {"ratio": 0.2}}}}})

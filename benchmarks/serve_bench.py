@@ -190,7 +190,6 @@ def main(argv=None) -> int:
     if args.table:
         print_table(json.loads(Path(args.table).read_text()))
         return 0
-    from openai import AsyncOpenAI
     from transformers import AutoTokenizer
 
     from ucm.models import prepare
@@ -212,27 +211,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     try:
         wait_healthy(url, proc)
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
-        name = asyncio.run(_model_name(client))
-        t = time.perf_counter()
-        asyncio.run(run_phase(client, name, index, 4, "index", True, 1))
-        print(f"indexed {len(index)} passages in {time.perf_counter() - t:.0f} s", flush=True)
-        reference = None
-        for c in levels:
-            for mode in ("blend", "full"):
-                before = counters(url)
-                phase = asyncio.run(run_phase(client, name, prompts, c, f"{mode}-c{c}", mode == "blend",
-                                              args.max_tokens))
-                row = {"mode": mode, "concurrency": c, **summarize(phase, prompt_tokens, before, counters(url))}
-                if mode == "blend":
-                    reference = reference or row["answers"]
-                    row["same_answers_as_concurrency_1"] = sum(a == b for a, b in zip(row["answers"], reference))
-                results["phases"].append(row)
-                print(f"{mode:5s} c={c}: TTFT p50 {row['ttft_p50_s']:.2f} s p90 {row['ttft_p90_s']:.2f} s, "
-                      f"{row['requests_per_s']:.3f} req/s, {row['prompt_tokens_per_s']:.0f} prompt tok/s, blended "
-                      f"{row['blended']}/{row['requests']}, fallbacks {row['fallbacks'] or 0}, "
-                      f"deferrals {row['deferrals']}", flush=True)
-                out.write_text(json.dumps(results, indent=1))
+        asyncio.run(measure(url, index, prompts, levels, args.max_tokens, prompt_tokens, results, out))
         print_table(results)
         if not args.no_plot:
             plot(results, out.with_suffix(".png"))
@@ -247,8 +226,30 @@ def main(argv=None) -> int:
     return 0
 
 
-async def _model_name(client) -> str:
-    return (await client.models.list()).data[0].id
+async def measure(url, index, prompts, levels, max_tokens, prompt_tokens, results, out) -> None:
+    """The indexing pass, then every concurrency level with Blend on and off; JSON after each phase."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
+    name = (await client.models.list()).data[0].id
+    t = time.perf_counter()
+    await run_phase(client, name, index, 4, "index", True, 1)
+    print(f"indexed {len(index)} passages in {time.perf_counter() - t:.0f} s", flush=True)
+    reference = None
+    for c in levels:
+        for mode in ("blend", "full"):
+            before = counters(url)
+            phase = await run_phase(client, name, prompts, c, f"{mode}-c{c}", mode == "blend", max_tokens)
+            row = {"mode": mode, "concurrency": c, **summarize(phase, prompt_tokens, before, counters(url))}
+            if mode == "blend":
+                reference = reference or row["answers"]
+                row["same_answers_as_concurrency_1"] = sum(a == b for a, b in zip(row["answers"], reference))
+            results["phases"].append(row)
+            print(f"{mode:5s} c={c}: TTFT p50 {row['ttft_p50_s']:.2f} s p90 {row['ttft_p90_s']:.2f} s, "
+                  f"{row['requests_per_s']:.3f} req/s, {row['prompt_tokens_per_s']:.0f} prompt tok/s, blended "
+                  f"{row['blended']}/{row['requests']}, fallbacks {row['fallbacks'] or 0}, "
+                  f"deferrals {row['deferrals']}", flush=True)
+            out.write_text(json.dumps(results, indent=1))
 
 
 def print_table(results: dict) -> None:

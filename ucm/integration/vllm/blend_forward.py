@@ -176,10 +176,10 @@ def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positio
     question_end = torch.full((num_reqs,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
     for i, region in regions.items():
         ratios[i], rules[i], question_end[i] = region.ratio, region.selection, region.question_end
+    num_rows = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]  # padding included
     hidden = inputs_embeds[:n] if inputs_embeds is not None else model.embed_input_ids(input_ids[:n])
     if not any(len(r.positions) for r in regions.values()):
         segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), qsl[1:] - qsl[:-1])
-        num_rows = hidden.shape[0] if inputs_embeds is None else inputs_embeds.shape[0]
         return _Batch(hidden, positions[:n], slot_mapping, meta, segment, ratios, rules, question_end, None,
                       num_rows)
     lens, offset = [], 0
@@ -210,7 +210,6 @@ def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positio
     new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
                                    max_query_len=int(lens_t.max()))
     segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), lens_t)
-    num_rows = input_ids.shape[0] if inputs_embeds is None else inputs_embeds.shape[0]
     return _Batch(out_hidden, out_positions, out_slots, new_meta, segment, ratios, rules, question_end, scheduled,
                   num_rows)
 

@@ -166,7 +166,7 @@ def test_chunk_lengths_per_request_need_no_marker(blend_llm, plain_llm):
 
 def test_prompt_longer_than_the_step_budget_blends(blend_llm, plain_llm):
     """Longer than max_num_batched_tokens (4096, chunked prefill on): the loaded region is reported
-    to vLLM as computed, so only the question is scheduled and the prompt blends in one step. At
+    to vLLM as computed, so only the last token is scheduled and the prompt blends in one step. At
     ratio 1.0 that is full prefill (same tokens and logprobs as the plain engine's chunked one)."""
     a, b = prompts(blend_llm, seed=110, passages=8, words=420)
     budget = blend_llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
@@ -231,3 +231,30 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     cfg = blend_llm.llm_engine.model_config
     bytes_per_token = cfg.hf_text_config.num_hidden_layers * 2 * cfg.get_total_num_kv_heads() * cfg.get_head_size() * 4
     assert d["load_bytes"] >= loaded * bytes_per_token and d["load_ms"] > 0
+
+
+def test_preempted_blend_request_answers_as_unpreempted(model_dir, tmp_path, engine_factory):
+    """A KV cache of 16 blocks holds two ~900-token prompts but not their 200-token answers:
+    vLLM preempts the second request mid-answer. Readmitted, it reloads its chunk KV and blends
+    again (its blended blocks in vLLM's cache are never matched), so it answers as it does alone."""
+    from vllm import SamplingParams
+
+    from ucm.integration.vllm.llm import ucm_transfer_config
+
+    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path, blend_ratio=0.15),
+                         max_model_len=2048, num_gpu_blocks_override=17, disable_log_stats=False)
+    assert llm.llm_engine.vllm_config.cache_config.block_size * 16 < 2 * (900 + 200)
+    sp = SamplingParams(max_tokens=200, temperature=0.0, logprobs=0, ignore_eos=True)
+    pairs = [prompts(llm, seed=140 + i, passages=4, words=150) for i in range(2)]
+    llm.generate([{"prompt_token_ids": a} for a, _ in pairs], sp, use_tqdm=False)  # stores the chunks
+    alone = []
+    for _, b in pairs:
+        llm.reset_prefix_cache()
+        alone.append(result(llm.generate([{"prompt_token_ids": b}], sp, use_tqdm=False)[0]))
+    llm.reset_prefix_cache()
+    together = [result(o) for o in llm.generate([{"prompt_token_ids": b} for _, b in pairs], sp, use_tqdm=False)]
+    assert [r.report["preemptions"] for r in alone] == [0, 0]
+    assert sum(r.report["preemptions"] for r in together) >= 1
+    for r in alone + together:
+        assert r.report["blended"] and r.report["fallback"] is None
+    assert [r.tokens for r in together] == [r.tokens for r in alone]

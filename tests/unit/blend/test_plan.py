@@ -28,21 +28,22 @@ def plan_for(lengths, prompt_len, stored_chunk_blocks, prefix_tokens=0):
                       lambda kind, hs: [kind is KeyKind.CHUNK and h in stored for h in hs])
 
 
-def test_region_ends_at_the_last_loaded_block():
-    # chunks [0, 6) [6, 16) then a suffix [16, 20); chunk blocks: [0,4) [4,6) [6,10) [10,14) [14,16)
+def test_region_holds_the_question_up_to_the_last_token():
+    # chunks [0, 6) [6, 16) then a question [16, 20); chunk blocks: [0,4) [4,6) [6,10) [10,14) [14,16)
     plan = plan_for([6, 10], 20, {0, 1, 2, 3})
     assert [len(b.placed) for b in plan.loaded] == [4, 2, 4, 4]
-    assert blend_region_end(plan, 20) == 14  # the missed block [14, 16) is scheduled with the suffix
-    # Inside the region: nothing missed; 14 loaded tokens, 15% recomputed (rounded up).
-    assert region_work(plan, 14, 0.15) == 3
-    assert region_work(plan, 14, 1.0) == 14 and region_work(plan, 14, 0.0) == 0
+    # The engine schedules only the last token: a budget cannot split the question off the blend.
+    assert blend_region_end(plan, 20) == 19
+    # 14 loaded tokens, 15% recomputed (rounded up), and the 5 tokens without KV: [14, 16), [16, 19).
+    assert region_work(plan, 19, 0.15) == 5 + 3
+    assert region_work(plan, 19, 1.0) == 19 and region_work(plan, 19, 0.0) == 5
 
 
 def test_misses_inside_the_region_are_its_work():
     plan = plan_for([6, 10], 20, {0, 4})  # loaded [0,4) and [14,16); [4,14) missed
-    assert blend_region_end(plan, 20) == 16
-    assert region_work(plan, 16, 0.0) == 10  # the 10 missed tokens run every layer
-    assert region_work(plan, 16, 0.5) == 10 + 3  # ceil(0.5 * 6)
+    assert blend_region_end(plan, 20) == 19
+    assert region_work(plan, 19, 0.0) == 13  # the 10 missed tokens and the question run every layer
+    assert region_work(plan, 19, 0.5) == 13 + 3  # ceil(0.5 * 6)
 
 
 def test_the_engine_keeps_at_least_the_last_token():
@@ -56,7 +57,7 @@ def test_nothing_loaded_is_an_empty_region_at_the_prefix():
     assert plan.loaded == () and blend_region_end(plan, 20) == 4
     plan = plan_for([6, 10], 20, {0, 2}, prefix_tokens=4)  # block 0 lies in the exact prefix
     assert [b.placed.start for b in plan.loaded] == [6]
-    assert blend_region_end(plan, 20) == 10 and region_work(plan, 10, 0.0) == 2  # [4, 6) missed
+    assert blend_region_end(plan, 20) == 19 and region_work(plan, 19, 0.0) == 11  # [4, 6) and [10, 19)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])

@@ -62,11 +62,22 @@ def admit(side, req, num_external):
     return SimpleNamespace(req_id=req.request_id, block_ids=(blocks,), num_computed_tokens=num_external)
 
 
-def step(side, new, scheduled):
-    cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[])
+def step(side, new, scheduled, preempted=(), resumed=None):
+    """One scheduler step's output; `resumed` (V1 runner): {req_id: block ids} of resumed requests."""
+    resumed = resumed or {}
+    cached = SimpleNamespace(req_ids=list(resumed), resumed_req_ids=set(resumed),
+                             new_block_ids=[(ids,) for ids in resumed.values()],
+                             num_computed_tokens=[scheduled.pop(f"{r}:computed") for r in resumed])
     out = SimpleNamespace(scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
-                          has_sync_kv_loads=False)
+                          has_sync_kv_loads=False, preempted_req_ids=set(preempted))
     return side.build_connector_meta(out), out
+
+
+def preempt(side, req, outputs=0):
+    """vLLM preempts the running request: its blocks are freed, its computed count reset."""
+    step(side, [], {}, preempted={req.request_id})
+    req.num_computed_tokens = 0
+    req.num_tokens = len(req.prompt_token_ids) + outputs
 
 
 def test_loaded_region_is_reported_computed_and_handed_over_per_request(tmp_path):
@@ -76,25 +87,25 @@ def test_loaded_region_is_reported_computed_and_handed_over_per_request(tmp_path
     req = request(side, "a", tokens)
     original = list(req.block_hashes)
     external, load_async = side.get_num_new_matched_tokens(req, 0)
-    assert (external, load_async) == (19, False)  # every chunk token: only the question is scheduled
+    assert (external, load_async) == (21, False)  # all but the last token: the only one scheduled
     # Blocks holding blended KV get request-unique hashes before vLLM caches them (every chunk
     # here was stored as CHUNK KV, so the KV is approximate from token 0).
     assert all(h != o for h, o in zip(req.block_hashes, original))
     new = admit(side, req, external)
-    meta, out = step(side, [new], {"a": 3})
+    meta, out = step(side, [new], {"a": 1})
     (s,) = meta.requests
-    assert s.blend.start == 0 and s.blend.end == 19 and s.blend.token_ids == tokens[:19]
+    assert s.blend.start == 0 and s.blend.end == 21 and s.blend.token_ids == tokens[:21]
     assert s.blend.ratio == 0.5 and s.blend.question_end == len(tokens) and s.blend.selection == "query"
     assert sum(ld.num_tokens - ld.skip for ld in s.chunk_loads) == 19
     assert out.has_sync_kv_loads  # loads land before the forward
     report = side.request_finished(req)["ucm"]
-    assert report["blended"] and report["blend_region_tokens"] == 19 and report["external_prefix_tokens"] == 0
+    assert report["blended"] and report["blend_region_tokens"] == 21 and report["external_prefix_tokens"] == 0
     assert report["fallback"] is None and report["chunk_hit_tokens"] == 19
     assert side.stats.data["blended_requests"] == 1
 
 
 def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
-    side = side_for(tmp_path, max_step_tokens=12)  # region work: ceil(0.5 * 19) = 10 per request
+    side = side_for(tmp_path, max_step_tokens=12)  # region work: 2 question tokens + ceil(0.5 * 19) = 12 per request
     a, b = request(side, "a", prompt(1)), request(side, "b", prompt(2))
     store_chunks(side, a.prompt_token_ids)
     store_chunks(side, b.prompt_token_ids)
@@ -102,8 +113,8 @@ def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
     first = admit(side, a, side.get_num_new_matched_tokens(a, 0)[0])
     assert side.get_num_new_matched_tokens(b, 0) == (None, False)  # 10 + 10 > 12: vLLM keeps it queued
     assert side.stats.data["blend_deferrals"] == 1
-    step(side, [first], {"a": 3})  # the step ends: its Blend work starts from zero again
-    assert side.get_num_new_matched_tokens(b, 0) == (19, False)
+    step(side, [first], {"a": 1})  # the step ends: its Blend work starts from zero again
+    assert side.get_num_new_matched_tokens(b, 0) == (21, False)
     salted = list(b.block_hashes)
     side._restore_hashes(b)  # salted from the originals, not twice
     assert b.block_hashes == original_b
@@ -117,26 +128,57 @@ def test_a_steps_first_blend_request_goes_whatever_its_work(tmp_path):
     side = side_for(tmp_path, max_step_tokens=1)
     req = request(side, "a", prompt(1))
     store_chunks(side, req.prompt_token_ids)
-    assert side.get_num_new_matched_tokens(req, 0) == (19, False)
+    assert side.get_num_new_matched_tokens(req, 0) == (21, False)
 
 
-def test_preempted_blend_request_is_finished_in_full_and_never_stored_as_exact(tmp_path):
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_preempted_blend_request_blends_again_under_new_hashes(tmp_path, runner):
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    original = list(req.block_hashes)
+    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
+    (first,) = step(side, [new], {"a": 1})[0].requests
+    first_salted = list(req.block_hashes)
+    preempt(side, req, outputs=2)
+    # Its blended blocks, freed into vLLM's cache under request-unique hashes, can no longer match:
+    # vLLM's own lookup on readmission sees the exact hashes.
+    assert req.block_hashes == original
+    assert side.get_num_new_matched_tokens(req, 0) == (21, False)  # planned and blended again
+    assert all(h not in first_salted and h not in original for h in req.block_hashes)  # a new generation
+    again = admit(side, req, 21)
+    if runner == "v2":  # resumed requests come among the new ones
+        meta, out = step(side, [again], {"a": 1})
+    else:  # among the cached ones, flagged resumed, with all their blocks
+        meta, out = step(side, [], {"a": 1, "a:computed": 21}, resumed={"a": list(again.block_ids[0])})
+    (s,) = meta.requests
+    assert s.blend == first.blend and s.chunk_loads == first.chunk_loads and out.has_sync_kv_loads
+    assert not any(d.key in {side.key(KeyKind.EXACT, h) for h in original} for d in s.dumps)
+    report = side.request_finished(req)["ucm"]
+    assert report["blended"] and report["fallback"] is None and report["preemptions"] == 1
+    assert side.stats.data["blended_requests"] == 1 and side.stats.data["blend_preemptions"] == 1
+    assert side.stats.data["requests"] == 1
+
+
+def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_path):
     side = side_for(tmp_path)
     tokens = prompt(1)
     store_chunks(side, tokens)
     req = request(side, "a", tokens)
     new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
-    step(side, [new], {"a": 3})
-    # Preempted: back in the queue with nothing computed; readmitted (V2 runner: as a new request).
+    step(side, [new], {"a": 1})
+    preempt(side, req)
+    for path in (tmp_path / "store").rglob("*"):
+        if path.is_file():
+            path.unlink()
+    side._inflight.clear()
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
     assert side.stats.data["blend_fallbacks_preempted"] == 1
-    again = SimpleNamespace(req_id="a", block_ids=new.block_ids, num_computed_tokens=0)
-    meta, out = step(side, [again], {"a": len(tokens)})
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
     assert all(not r.blend and not r.chunk_loads for r in meta.requests)
-    exact = {side.key(KeyKind.EXACT, h) for h in side._original_hashes(req)}
-    assert not any(d.key in exact and d.start >= BS for r in meta.requests for d in r.dumps)
     report = side.request_finished(req)["ucm"]
-    assert report["blended"] and report["fallback"] == "preempted"
+    assert not report["blended"] and report["fallback"] == "preempted" and report["preemptions"] == 1
 
 
 def test_opted_out_request_is_planned_but_not_blended(tmp_path):

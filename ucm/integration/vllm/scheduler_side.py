@@ -3,10 +3,10 @@
 One lookup serves both caches: vLLM's local prefix cache has already matched the leading blocks;
 the store is asked for the next exact prefix blocks, then for every chunk block behind them.
 Both are reported to vLLM as external tokens: the exact prefix, and the Blend region from there
-to the last loaded chunk block. vLLM schedules and charges only what follows (the question), so
-a blend request fits any step budget and chunked prefill; the Blend forward runs the rows it
-needs from the region (misses, the recomputed share) beside the scheduled rows, under a per-step
-cap of its own (docs/serving.md).
+to the prompt's last token. vLLM schedules and charges that one token, so a blend request fits
+any step budget and chunked prefill and its question is never split off the blend; the Blend
+forward runs the rows it needs from the region (misses, the question, the recomputed share)
+beside the scheduled row, under a per-step cap of its own (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class _RequestState:
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
     admitted: bool = False  # blocks allocated: a later lookup means it was preempted
+    stepped: bool = False  # its first step (loads, Blend region) was handed to the worker
+    preemptions: int = 0  # times it was preempted and planned again
     blended: bool = False
     fallback: str | None = None  # why a request with loaded chunk KV was not (or not wholly) blended
     num_dumped: int = 0
@@ -90,6 +92,7 @@ class SchedulerSide:
         self._hasher: BlockHasher | None = None
         self._states: dict[str, _RequestState] = {}
         self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting
+        self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
 
@@ -148,13 +151,15 @@ class SchedulerSide:
             return 0, False
         state = self._states.get(request.request_id)
         if state is not None and state.admitted:
-            # Preempted and back in the queue: its blocks are gone or are vLLM's own cache hits
-            # (its blended blocks under their request-unique hashes). The rest is computed in
-            # full: exact, but no longer the blend the request started with.
-            if state.blending and state.fallback is None:
-                self._fall_back(state, "preempted")
-            return 0, False
-        if request.num_computed_tokens > 0 or request.num_tokens > len(tokens):
+            # Preempted and back in the queue. A blend request is planned again from scratch: its
+            # chunk KV is reloaded and blended as before (its blended blocks in vLLM's cache went
+            # back to request-unique hashes that no lookup can match, see build_connector_meta).
+            if not state.blending:
+                return 0, False  # exact KV only: vLLM's own prefix cache serves what survived
+            del self._states[request.request_id]
+            self._resumed[request.request_id] = (state.preemptions + 1, state.num_dumped)
+        resumed = self._resumed.get(request.request_id)
+        if resumed is None and (request.num_computed_tokens > 0 or request.num_tokens > len(tokens)):
             return 0, False  # resumed without a plan of ours: vLLM's own cache handles it
         self._restore_hashes(request)  # a request deferred last step is planned afresh
         bs = self.block_size
@@ -176,6 +181,8 @@ class SchedulerSide:
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup)
         state = _RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
+        if resumed is not None:
+            state.preemptions, state.num_dumped = resumed
         if plan is not None and not (request.kv_transfer_params or {}).get(DISABLE_BLEND_PARAM):
             state.blend_end = blend_region_end(plan, prompt_len)
         if state.blending:
@@ -187,7 +194,9 @@ class SchedulerSide:
             first_approx = plan.first_approximate_token
             if first_approx is not None:
                 state.exact_limit = first_approx
-                self._salt_hashes(request, first_approx // bs)
+                self._salt_hashes(request, first_approx // bs, state.preemptions)
+        elif resumed is not None:
+            self._fall_back(state, "preempted")  # its chunk KV is gone from the store: computed in full
         self._states[request.request_id] = state
         return state.blend_end - num_computed_tokens if state.blending else external, False
 
@@ -196,6 +205,7 @@ class SchedulerSide:
         if state is None or state.admitted:
             return
         state.admitted = True
+        self._resumed.pop(request.request_id, None)
         state.block_ids = list(blocks.get_block_ids()[0])
         state.num_external = num_external_tokens
         if state.blending:
@@ -203,6 +213,12 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
         meta = UCMConnectorMetadata()
+        for req_id in scheduler_output.preempted_req_ids or ():
+            state = self._states.get(req_id)
+            if state is not None and state.blending:
+                # Its blocks were freed under their request-unique hashes and stay in vLLM's cache
+                # until evicted; back to the exact hashes, so its next lookup cannot match them.
+                self._restore_hashes(state.request)
         for new in scheduler_output.scheduled_new_reqs:
             state = self._states.get(new.req_id)
             if state is None:
@@ -222,7 +238,11 @@ class SchedulerSide:
                     state.block_ids = list(cached.new_block_ids[i][0])
                 else:
                     state.block_ids.extend(cached.new_block_ids[i][0])
-            step = self._dump_step(state, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[req_id])
+            num_computed, num_scheduled = cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[req_id]
+            if state.stepped:
+                step = self._dump_step(state, num_computed, num_scheduled)
+            else:  # resumed after preemption and planned again (V1 runner: among the cached requests)
+                step = self._new_request_step(state, num_computed, num_scheduled)
             if step is not None:
                 meta.requests.append(step)
         if any(r.prefix_loads or r.chunk_loads or r.blend for r in meta.requests):
@@ -235,6 +255,7 @@ class SchedulerSide:
         """Drop the request's state; return what the cache did for it (RequestOutput.kv_transfer_params)."""
         state = self._states.pop(request.request_id, None)
         self._originals.pop(request.request_id, None)
+        self._resumed.pop(request.request_id, None)
         if state is None:
             return None
         plan = state.plan
@@ -249,6 +270,7 @@ class SchedulerSide:
             "ratio": state.ratio,
             "selection": state.selection,
             "fallback": state.fallback,
+            "preemptions": state.preemptions,
             "dumped_blocks": state.num_dumped,
         }}
 
@@ -257,14 +279,18 @@ class SchedulerSide:
     def _new_request_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         bs = self.block_size
         step = RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled)
-        if state.blended or state.fallback == "preempted":  # resumed (V2 runner: among the new requests)
+        if state.stepped:  # resumed without a new plan (V2 runner: among the new requests)
             step.dumps = self._dumps(state, num_computed + num_scheduled)
             return step if step.dumps else None
+        state.stepped = True
         local = num_computed - state.num_external
-        self.stats.add("requests")
-        self.stats.add("prompt_tokens", state.prompt_len)
-        self.stats.add("local_prefix_tokens", local)
-        self.stats.add("store_prefix_tokens", state.prefix_external)
+        if state.preemptions:
+            self.stats.add("blend_preemptions")
+        else:
+            self.stats.add("requests")
+            self.stats.add("prompt_tokens", state.prompt_len)
+            self.stats.add("local_prefix_tokens", local)
+            self.stats.add("store_prefix_tokens", state.prefix_external)
         hashes = self._original_hashes(state.request)
         for b in range(local // bs, (local + state.prefix_external) // bs):
             step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
@@ -283,8 +309,9 @@ class SchedulerSide:
                 step.blend = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio,
                                          state.selection, state.prompt_len)
                 loaded = [b for b in plan.loaded if b.placed.start < end]
-                self.stats.add("blended_requests")
-                self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
+                if not state.preemptions:
+                    self.stats.add("blended_requests")
+                    self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
                 for blk in loaded:
                     step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
                                                       len(blk.tokens), blk.chunk_start, blk.skip))
@@ -363,18 +390,19 @@ class SchedulerSide:
         original = self._originals.get(request.request_id)
         return original if original is not None else list(request.block_hashes)
 
-    def _salt_hashes(self, request: Request, from_block: int) -> None:
+    def _salt_hashes(self, request: Request, from_block: int, generation: int = 0) -> None:
         """Give blocks holding blended (approximate) KV hashes no other request can match.
 
         vLLM registers a request's full blocks in its prefix cache under `request.block_hashes`
         when it allocates them; approximate KV must never be served as an exact prefix, so the
         hashes from the first approximate block on are replaced by request-unique ones (blocks
-        appended later chain from them and are unique too).
+        appended later chain from them and are unique too). A preempted request blends anew under
+        a new generation: its old blended blocks may still sit in vLLM's cache.
         """
         if request.request_id in self._originals:
             return
         original = list(request.block_hashes)
         self._originals[request.request_id] = original
-        salt = b"ucm-blend-approx" + request.request_id.encode()
+        salt = b"ucm-blend-approx" + request.request_id.encode() + generation.to_bytes(4, "little")
         for i in range(from_block, len(original)):
             request.block_hashes[i] = hashlib.sha256(salt + original[i]).digest()[: len(original[i])]

@@ -23,7 +23,8 @@ COUNTERS: dict[str, str] = {
     "chunk_hit_tokens": "Prompt tokens whose chunk KV was found in the store and loaded for Blend",
     "blended_requests": "Requests computed with the Blend sparse forward",
     "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
-    "blend_fallbacks_preempted": "Blended requests preempted and then computed in full from vLLM's cache",
+    "blend_preemptions": "Blended requests preempted and blended again on readmission (chunk KV reloaded)",
+    "blend_fallbacks_preempted": "Preempted blended requests whose chunk KV was gone on readmission (computed in full)",
     "blend_fallbacks_external_trimmed": "Blend requests whose region vLLM cut short (the rest computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",

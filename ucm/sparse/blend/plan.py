@@ -104,14 +104,16 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
 def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:
     """End of the region a request blends beside the rows the engine schedules.
 
-    The region runs from the exact prefix to the end of the last loaded chunk block; the engine
-    is told it is computed (as it is told of prefix hits), so it schedules and charges only what
-    follows: the question and any chunks after the last hit. At least the prompt's last token is
-    left to the engine, which must compute one. Returns ``plan.prefix_tokens`` (an empty region)
-    when nothing is loaded.
+    With any chunk KV loaded, the region runs from the exact prefix to the prompt's last token,
+    which is left to the engine (it must compute one); the engine is told the region is computed
+    (as it is told of prefix hits), so it schedules and charges one token. The question is thus
+    part of the region, never split across steps by the engine's budget: the selection always
+    sees all of it, whatever else shares the step. Returns ``plan.prefix_tokens`` (an empty
+    region) when nothing is loaded.
     """
-    ends = [b.placed.end for b in plan.loaded]
-    return max(plan.prefix_tokens, min(max(ends, default=0), prompt_len - 1))
+    if not plan.loaded:
+        return plan.prefix_tokens
+    return max(plan.prefix_tokens, prompt_len - 1)
 
 
 def region_work(plan: BlendPlan, end: int, ratio: float) -> int:

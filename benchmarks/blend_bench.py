@@ -2,8 +2,9 @@
 
 One engine (UCM connector, Blend) serves every mode; per question the passages are first
 prefilled one by one (the indexing step that stores each chunk), then the whole prompt is
-answered by full prefill and by Blend at each ratio, one request at a time, back to back, each
-request with its own cache_salt so vLLM's prefix cache serves none of them (see ucm/eval/blend_eval.py).
+answered by full prefill and by Blend at each ratio, one request at a time, back to back, with
+vLLM's prefix cache emptied and the store's exact prefix unused before each, so no earlier request
+serves them (see ucm/eval/blend_eval.py).
 
     python benchmarks/blend_bench.py                           # full prefill, Blend 0.15, full reuse
     python benchmarks/blend_bench.py --sweep                   # ratios 0 .. 1 -> JSON (+ PNG)

@@ -2,10 +2,13 @@
 
 Starts `ucm-vllm serve` on 127.0.0.1 with vLLM's default scheduler settings (chunked prefill on,
 the default step budget) and the README's connector config, indexes every question's passages
-(one `[system][passage]` request each, as an indexing step would), then, at each concurrency,
-sends every question with its passages in reverse order, once with Blend and once with Blend
-off for the request (`ucm_disable_blend`), each request under its own `cache_salt` so vLLM's
-prefix cache serves none of them. TTFT is the time to the first streamed token.
+(one request per passage alone, as an indexing step would), then, at each concurrency, sends
+every question with its passages in reverse order, once with Blend and once with Blend off for
+the request (`ucm_disable_blend`). Blend requests share the indexing requests' `cache_salt` (one
+tenant: chunk KV is shared within a tenant only; the passages were indexed alone, so no exact
+prefix of a measured prompt is cached); Blend-off requests each get their own, so no cache
+serves them. Every request states its chunks (`ucm_chunk_lengths`), so the question is computed
+by every request. TTFT is the time to the first streamed token.
 
     python benchmarks/serve_bench.py                          # 8 questions, concurrency 1,2,4,8
     python benchmarks/serve_bench.py --num-questions 4 --concurrency 1,4
@@ -37,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
 RATIO = 0.15
+TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 
 
 def parse_args(argv=None):
@@ -64,7 +68,9 @@ def start_server(model: str, store: str, port: int, extra: list[str], log) -> su
     ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": store}}],
         "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
-                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO}}}}}}
+                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO}},
+                                        # what this benchmark's clients set per request (the operator's call)
+                                        "request_params": ["ucm_chunk_lengths", "ucm_disable_blend"]}}}}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
            str(port), "--dtype", "float32", "--enforce-eager",
@@ -94,10 +100,12 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
-async def one_request(client, model, token_ids, salt, blend: bool, max_tokens: int) -> dict:
-    extra = {"cache_salt": salt}
+async def one_request(client, model, prompt, salt, blend: bool, max_tokens: int) -> dict:
+    token_ids, chunk_lengths = prompt
+    kv = {"ucm_chunk_lengths": chunk_lengths}
     if not blend:
-        extra["kv_transfer_params"] = {"ucm_disable_blend": True}
+        kv["ucm_disable_blend"] = True
+    extra = {"cache_salt": salt, "kv_transfer_params": kv}
     start = time.perf_counter()
     ttft, text = None, ""
     stream = await client.completions.create(model=model, prompt=token_ids, max_tokens=max_tokens, temperature=0,
@@ -115,9 +123,11 @@ async def run_phase(client, model, prompts, concurrency: int, tag: str, blend: b
     """Every prompt once, at most `concurrency` in flight; returns per-request results and the wall time."""
     sem = asyncio.Semaphore(concurrency)
 
-    async def guarded(i, ids):
+    async def guarded(i, prompt):
         async with sem:
-            return await one_request(client, model, ids, f"{tag}-{i}", blend, max_tokens)
+            # Blend requests share one tenant (the indexing one): chunk KV is shared only within a
+            # tenant. Blend-off requests get a salt each, so no cache serves them.
+            return await one_request(client, model, prompt, TENANT if blend else f"{tag}-{i}", blend, max_tokens)
 
     start = time.perf_counter()
     results = await asyncio.gather(*(guarded(i, ids) for i, ids in enumerate(prompts)))
@@ -142,12 +152,18 @@ def summarize(phase: dict, prompt_tokens: int, before: dict, after: dict) -> dic
         "blended": int(delta.get("blended_requests", 0)),
         "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_")},
         "deferrals": int(delta.get("blend_deferrals", 0)),
+        "refused_params": int(delta.get("request_params_refused", 0)),  # must stay 0: the config allows them
         "answers": [r["text"] for r in phase["requests"]],
     }
 
 
 def load_prompts(args, tokenizer):
-    from ucm.eval.blend_eval import indexing_prompts
+    """(data set name, indexing prompts, measured prompts); each prompt is (token ids, chunk lengths).
+
+    Indexing sends every passage alone (the canonical context: its stored KV depends on no other
+    text); the measured prompts state their chunks (system message, passages), so the question is
+    the suffix every request computes, as a user's new question would be.
+    """
     from ucm.eval.datasets import load_dataset
     from ucm.eval.prompts import build_prompt, chunk_end_token_id
 
@@ -158,8 +174,13 @@ def load_prompts(args, tokenizer):
     index, reordered = [], []
     for ex in examples:
         order = list(range(len(ex.passages)))
-        index += indexing_prompts(build_prompt(tokenizer, ex, marker, order=order))
-        reordered.append(build_prompt(tokenizer, ex, marker, order=order[::-1]).token_ids)
+        prompt = build_prompt(tokenizer, ex, marker, order=order)
+        start = prompt.chunk_lengths[0]
+        for n in prompt.chunk_lengths[1:]:
+            index.append((prompt.token_ids[start:start + n], [n]))
+            start += n
+        rev = build_prompt(tokenizer, ex, marker, order=order[::-1])
+        reordered.append((rev.token_ids, list(rev.chunk_lengths)))
     return ("MuSiQue" if path else "generated"), index, reordered
 
 
@@ -198,7 +219,7 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     dataset, index, prompts = load_prompts(args, tokenizer)
     levels = [int(c) for c in args.concurrency.split(",")]
-    prompt_tokens = sum(len(p) for p in prompts)
+    prompt_tokens = sum(len(ids) for ids, _ in prompts)
     results = {"dataset": dataset, "questions": len(prompts), "mean_prompt_tokens": prompt_tokens / len(prompts),
                "ratio": RATIO, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
     out = Path(args.out)

@@ -10,8 +10,9 @@ Environment variables (UCM style) and flags:
 
 Per question, one engine: every passage is first prefilled on its own (the indexing step that
 stores each chunk's KV), then the whole prompt is answered three times, one request at a time:
-by full prefill, by Blend at --ratio, and by full reuse (ratio 0). Each answer request has its own
-cache_salt, so vLLM's prefix cache cannot serve it from an earlier one. vLLM logs at WARNING
+by full prefill, by Blend at --ratio, and by full reuse (ratio 0). Before each answer vLLM's prefix
+cache is emptied and the request leaves the store's exact prefix unused, so no answer is served
+from an earlier one; Blend reuses chunk KV only. vLLM logs at WARNING
 level unless VLLM_LOGGING_LEVEL says otherwise.
 """
 

@@ -52,6 +52,17 @@ HKVD_SELECTION = "hkvd"
 ORACLE_SELECTION = "oracle"
 BLEND_SELECTIONS = (QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION)
 
+# Per-request parameters, in SamplingParams(extra_args={"kv_transfer_params": {...}}) or the OpenAI
+# server's `kv_transfer_params` (ucm_sparse_config.Blend.request_params says which are honoured):
+CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"  # chunk lengths in tokens, for chunks without a marker token
+DISABLE_BLEND_PARAM = "ucm_disable_blend"  # computed in full (chunks still stored; prefix caching on)
+RATIO_PARAM = "ucm_blend_ratio"  # recompute ratio in [0, 1]
+SELECTION_PARAM = "ucm_blend_selection"  # one of BLEND_SELECTIONS
+# false: the store's exact prefix is left unused, so the request blends from its first chunk
+# (benchmarks and tests measure Blend alone with it; vLLM's own prefix cache is not affected).
+EXACT_PREFIX_PARAM = "ucm_exact_prefix"
+REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM)
+
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
 _ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"
 
@@ -169,6 +180,12 @@ class BlendConfig:
     # blended region and the recomputed share), summed over the requests blended in one step;
     # None: vLLM's max_num_batched_tokens. A step's first blend request always goes.
     max_step_tokens: int | None = None
+    # Per-request parameters (kv_transfer_params) the connector honours; None: all of them from
+    # the offline API, none from an API server (the operator lists what clients may set).
+    request_params: tuple[str, ...] | None = None
+    # Whether a request may ask for the diagnostic "oracle" selection (a full prefill first);
+    # None: from the offline API only.
+    allow_oracle: bool | None = None
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.
@@ -180,7 +197,17 @@ class BlendConfig:
     @classmethod
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
-        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens"}, path)
+        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle"},
+                      path)
+        request_params = d.get("request_params")
+        if request_params is not None:
+            if not isinstance(request_params, (list, tuple)) or any(p not in REQUEST_PARAMS for p in request_params):
+                raise UCMConfigError(f"{path}.request_params must be a list of per-request parameter names from "
+                                     f"{', '.join(REQUEST_PARAMS)}, got {request_params!r}")
+            request_params = tuple(request_params)
+        allow_oracle = d.get("allow_oracle")
+        if allow_oracle is not None and not isinstance(allow_oracle, bool):
+            raise UCMConfigError(f"{path}.allow_oracle must be true or false (or absent), got {allow_oracle!r}")
         cap = d.get("max_step_tokens")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise UCMConfigError(f"{path}.max_step_tokens must be a positive int (or absent), got {cap!r} "
@@ -232,6 +259,8 @@ class BlendConfig:
             ratio=float(ratio),
             selection=selection,
             max_step_tokens=cap,
+            request_params=request_params,
+            allow_oracle=allow_oracle,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

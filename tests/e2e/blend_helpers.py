@@ -21,8 +21,10 @@ class Result:
     report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
 
 
-def params(max_tokens=8, ratio=None, disable=False, selection=None):
+def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None):
     kv = {}
+    if exact_prefix is not None:
+        kv["ucm_exact_prefix"] = exact_prefix
     if ratio is not None:
         kv["ucm_blend_ratio"] = ratio
     if selection is not None:
@@ -44,6 +46,12 @@ def run(llm, token_ids, cache_salt=None, **kw) -> Result:
     if cache_salt:
         prompt["cache_salt"] = cache_salt
     return result(llm.generate([prompt], params(**kw), use_tqdm=False)[0])
+
+
+def forget_local_prefix_cache(llm) -> None:
+    """Empty vLLM's own prefix cache (the store keeps everything): a prompt sent again is not
+    served from the blocks of its earlier run."""
+    assert llm.reset_prefix_cache()
 
 
 def assert_same(a: Result, b: Result, tol=LOGPROB_TOL):

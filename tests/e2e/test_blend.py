@@ -7,7 +7,7 @@ for them before the test. The reference is a plain engine without the connector.
 from __future__ import annotations
 
 import pytest
-from blend_helpers import MARKER, assert_same, params, prompts, result, run
+from blend_helpers import MARKER, assert_same, forget_local_prefix_cache, params, prompts, result, run
 
 from ucm.eval.datasets import generate_synthetic
 
@@ -32,11 +32,13 @@ def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, select
     KV writes and that the query probe pass (which writes the question's KV over the loaded KV
     first) leaves nothing behind. Exact KV deviates nowhere, so the selection here is one run;
     the masking of scattered rows is checked against vLLM's kernel in
-    tests/unit/integration/test_sparse_attention.py and by the mixed batch's decode rows. A cache
-    salt keeps vLLM's prefix cache out."""
+    tests/unit/integration/test_sparse_attention.py and by the mixed batch's decode rows. Neither
+    vLLM's prefix cache (emptied) nor the store's exact prefix (`ucm_exact_prefix: false`) serves
+    the second run: its chunks are loaded as chunk KV."""
     a, _ = prompts(blend_llm, seed=102)
     run(blend_llm, a)
-    again = run(blend_llm, a, cache_salt=f"fresh-{selection}", ratio=0.3, selection=selection)
+    forget_local_prefix_cache(blend_llm)
+    again = run(blend_llm, a, ratio=0.3, selection=selection, exact_prefix=False)
     assert again.report["blended"] and again.report["chunk_hit_blocks"] > 0
     assert again.report["selection"] == selection
     assert_same(again, run(plain_llm, a), tol=2e-3)
@@ -52,7 +54,8 @@ def test_full_reuse_of_exact_kv_is_exact(blend_llm, plain_llm, ends_in_chunk):
         ends = [i for i, t in enumerate(a) if t == MARKER]
         a = a[:ends[2] + 1]
     run(blend_llm, a)
-    again = run(blend_llm, a, cache_salt=f"reuse-{ends_in_chunk}", ratio=0.0)
+    forget_local_prefix_cache(blend_llm)
+    again = run(blend_llm, a, ratio=0.0, exact_prefix=False)
     assert again.report["blended"] and again.report["chunk_hit_tokens"] > 0.5 * len(a)
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
@@ -125,13 +128,14 @@ def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
     probe included, must give full prefill's output while the other requests share the step."""
     a, _ = prompts(blend_llm, seed=106)
     run(blend_llm, a)
+    forget_local_prefix_cache(blend_llm)
     other, _ = prompts(blend_llm, seed=107, passages=2, words=80)
     decoding, _ = prompts(blend_llm, seed=108, passages=1, words=40)
     engine = blend_llm.llm_engine
     engine.add_request("decode", {"prompt_token_ids": decoding}, params(max_tokens=24, disable=True))
     outputs = {}
     engine.step()  # the decode request's prefill; from now on it decodes
-    engine.add_request("blend", {"prompt_token_ids": a, "cache_salt": "mixed"}, params(ratio=0.3))
+    engine.add_request("blend", {"prompt_token_ids": a}, params(ratio=0.3, exact_prefix=False))
     engine.add_request("plain", {"prompt_token_ids": other}, params(disable=True))
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -176,7 +180,7 @@ def test_prompt_longer_than_the_step_budget_blends(blend_llm, plain_llm):
     assert blended.report["blended"] and blended.report["fallback"] is None
     assert blended.report["blend_region_tokens"] > budget
     assert blended.report["chunk_hit_tokens"] > 0.9 * blended.report["blend_region_tokens"]
-    exact = run(blend_llm, b, cache_salt="ratio-one", ratio=1.0)
+    exact = run(blend_llm, b, ratio=1.0)  # blended blocks never serve another request: blends again
     assert exact.report["blended"]
     assert_same(exact, run(plain_llm, b))
 
@@ -187,9 +191,8 @@ def test_concurrent_blend_requests_all_blend(blend_llm):
     pairs = [prompts(blend_llm, seed=130 + i, passages=8, words=420) for i in range(4)]
     for a, _ in pairs:
         run(blend_llm, a)
-    alone = [run(blend_llm, b, cache_salt=f"alone-{i}") for i, (_, b) in enumerate(pairs)]
-    outs = blend_llm.generate([{"prompt_token_ids": b, "cache_salt": f"together-{i}"} for i, (_, b) in enumerate(pairs)],
-                              params(), use_tqdm=False)
+    alone = [run(blend_llm, b) for _, b in pairs]
+    outs = blend_llm.generate([{"prompt_token_ids": b} for _, b in pairs], params(), use_tqdm=False)
     together = [result(o) for o in outs]
     assert all(r.report["blended"] for r in alone + together)
     assert [r.tokens[:4] for r in together] == [r.tokens[:4] for r in alone]

@@ -65,20 +65,30 @@ def server(model_dir, tmp_path_factory):
         log.close()
 
 
-def chat(client, messages):
+def chat(client, messages, salt=None, kv=None):
     model = client.models.list().data[0].id
-    response = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    extra = {}
+    if salt:
+        extra["cache_salt"] = salt
+    if kv:
+        extra["kv_transfer_params"] = kv
+    response = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                              extra_body=extra or None)
     body = response.model_dump()
     return body["choices"][0]["message"]["content"], (body.get("kv_transfer_params") or {}).get("ucm", {})
+
+
+def chat_messages(ex, order):
+    msgs = [{"role": "system", "content": "You answer questions about the passages the user gives you."}]
+    msgs += [{"role": "user", "content": ex.passages[i]} for i in order]
+    return msgs + [{"role": "user", "content": "Question: " + ex.question}]
 
 
 def test_chat_requests_reuse_chunks_across_orders(server, plain_llm):
     ex = generate_synthetic(num_examples=1, passages_per_example=3, passage_words=150, seed=401)[0]
 
     def messages(order):
-        msgs = [{"role": "system", "content": "You answer questions about the passages the user gives you."}]
-        msgs += [{"role": "user", "content": ex.passages[i]} for i in order]
-        return msgs + [{"role": "user", "content": "Question: " + ex.question}]
+        return chat_messages(ex, order)
 
     first_text, first = chat(server, messages([0, 1, 2]))
     assert first["chunk_hit_blocks"] == 0 and not first["blended"] and first["dumped_blocks"] > 0
@@ -95,6 +105,25 @@ def test_chat_requests_reuse_chunks_across_orders(server, plain_llm):
     second_text, second = chat(server, messages([2, 0, 1]))
     assert second["blended"] and second["chunk_hit_blocks"] == second["chunk_blocks"]
     assert second_text.strip()
+
+
+def test_tenants_do_not_share_chunk_kv_and_clients_cannot_set_operator_knobs(server):
+    """Chunk KV follows vLLM's isolation: a tenant (cache_salt) never loads another's. Per-request
+    parameters from API clients are ignored unless the operator lists them, and say so."""
+    ex = generate_synthetic(num_examples=1, passages_per_example=3, passage_words=150, seed=402)[0]
+    _, first = chat(server, chat_messages(ex, [0, 1, 2]), salt="tenant-a")
+    assert first["chunk_hit_blocks"] == 0 and first["dumped_blocks"] > 0
+    _, other = chat(server, chat_messages(ex, [2, 0, 1]), salt="tenant-b")
+    assert other["chunk_hit_blocks"] == 0 and not other["blended"]
+    knobs = {"ucm_blend_selection": "oracle", "ucm_blend_ratio": 1.0}
+    _, same = chat(server, chat_messages(ex, [2, 0, 1]), salt="tenant-a", kv=knobs)
+    assert same["blended"] and same["chunk_hit_blocks"] == same["chunk_blocks"]
+    assert sorted(same["refused_params"]) == sorted(knobs)
+    assert same["selection"] == "query" and same["ratio"] == 0.15  # the operator's
+    deadline = time.monotonic() + 15  # stats are recorded right after the outputs
+    while ucm_metric(server, "request_params_refused") < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ucm_metric(server, "request_params_refused") >= 1
 
 
 def ucm_metric(client, name: str) -> float:

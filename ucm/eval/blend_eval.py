@@ -11,9 +11,10 @@ Shared by the main job (examples/offline_inference_blend.py) and the benchmark
    * full prefill: ``ucm_disable_blend`` (no chunk reuse);
    * Blend at ratio r: the chunks' stored KV is loaded and r of the loaded tokens are recomputed
      after the check layer (r = 0: full reuse, r = 1: recompute all of them).
-   Every measured request carries its own ``cache_salt``, so vLLM's local prefix cache (and the
-   store's exact-prefix keys, which follow vLLM's salted block hashes) cannot serve it: a mode
-   is never helped by an earlier mode of the same question. Chunk lookups ignore the salt.
+   Before every measured request vLLM's local prefix cache is emptied, and the request leaves
+   the store's exact prefix unused (``ucm_exact_prefix: false``): a mode is never helped by an
+   earlier mode of the same question, and Blend reuses chunk KV only. All requests run under no
+   ``cache_salt`` (one tenant): chunk KV is shared exactly where a prefix could be.
 
 Every request states its chunks (system message and passages) in ``ucm_chunk_lengths``, so the
 question is the prompt's suffix, recomputed by every mode as a user's new question would be.
@@ -37,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -345,7 +345,7 @@ class BlendEvaluator:
                disable_blend: bool = False, selection: str | None = None):
         from vllm import SamplingParams
 
-        kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths)}
+        kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
         if disable_blend:
             kv["ucm_disable_blend"] = True
         if ratio is not None:
@@ -366,6 +366,10 @@ class BlendEvaluator:
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start, [report_of(o) for o in outs]
 
+    def forget_local_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not empty its prefix cache (requests still running?)")
+
     def counters(self) -> dict[str, float]:
         """The connector's cumulative statistics counters (empty when vLLM's stats logging is off)."""
         from ucm.integration.vllm.stats import ucm_counters
@@ -377,7 +381,8 @@ class BlendEvaluator:
 
     def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict]:
         """(answer text, TTFT in s, TTFT source, connector report, counter deltas) of one request alone."""
-        prompt = {"prompt_token_ids": chunked.token_ids, "cache_salt": f"{mode.name}-{uuid.uuid4().hex}"}
+        prompt = {"prompt_token_ids": chunked.token_ids}
+        self.forget_local_prefix_cache()
         params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
                              selection=mode.selection)
         before = self.counters()
@@ -387,10 +392,10 @@ class BlendEvaluator:
         ttft = getattr(getattr(out, "metrics", None), "first_token_latency", None)
         if ttft:
             return out.outputs[0].text, float(ttft), "metrics", report_of(out), deltas
-        # No request metrics (stats logging off): time a one-token request instead; a new salt
-        # keeps it as cold as the first one.
+        # No request metrics (stats logging off): time a one-token request instead, as cold as
+        # the first one.
         self.wall_fallbacks += 1
-        prompt["cache_salt"] = f"{mode.name}-ttft-{uuid.uuid4().hex}"
+        self.forget_local_prefix_cache()
         one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
                           selection=mode.selection)
         start = time.perf_counter()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ucm.sparse.blend.hashing import (
+    IsolationKeys,
     DEFAULT_NONE_HASH_SEED,
     HASH_ALGOS,
     BlockHasher,
@@ -128,6 +129,33 @@ def test_extra_keys_match_vllm_cache_salt(tokens, monkeypatch):
     assert hasher.prefix_hashes(tokens, extra_keys=extra) != hasher.prefix_hashes(tokens)
     with pytest.raises(ValueError, match="extra_keys"):
         hasher.prefix_hashes(tokens, extra_keys=extra[:2])
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+@pytest.mark.parametrize("lora", [None, ("adapter", 7, "/adapters/a")])
+def test_chunk_hashes_carry_vllm_isolation_keys(tokens, monkeypatch, salt, lora):
+    """A chunk at position 0 of a salted or LoRA request has that request's own block hashes;
+    any other salt or adapter gives other keys (requests that cannot share a prefix cannot share
+    chunk KV)."""
+    from vllm.lora.request import LoRARequest
+
+    algo = "sha256"
+    vllm_none_hash(algo, monkeypatch, SEED)
+    hasher = BlockHasher.from_seed(algo, BLOCK, SEED)
+    lora_request = LoRARequest(lora[0], lora[1], lora[2]) if lora else None
+    block_hasher = kcu.get_request_block_hasher(BLOCK, vhash.get_hash_fn_by_name(algo))
+    req = Request("r", list(tokens), SamplingParams(max_tokens=1), None, cache_salt=salt, lora_request=lora_request,
+                  block_hasher=block_hasher)
+    iso = IsolationKeys(("lora", lora[0], lora[2]) if lora else None, salt)
+    assert hasher.chunk_hashes(tokens, iso)[:5] == list(req.block_hashes)
+    others = [IsolationKeys(iso.lora, "tenant-b"), IsolationKeys(("lora", "other", "/adapters/b"), salt),
+              IsolationKeys(None, None if salt else "tenant-b")]
+    for other in others:
+        if other != iso:
+            assert not set(hasher.chunk_hashes(tokens, other)) & set(hasher.chunk_hashes(tokens, iso))
+    # The partial tail carries the keys too (the adapter on every block, the salt on the first).
+    short = tokens[: BLOCK - 3]
+    assert hasher.chunk_hashes(short, iso) == [hasher.hash_block(None, short, iso.block_keys(0))]
 
 
 @pytest.mark.parametrize("algo", HASH_ALGOS)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ucm.config import UCMConfig
-from ucm.integration.vllm.scheduler_side import SchedulerSide
+from ucm.integration.vllm.scheduler_side import SchedulerSide, isolation_of
 from ucm.sparse.blend.chunking import split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import build_plan
@@ -23,10 +23,11 @@ from ucm.store.keys import KeyKind
 BS, MARKER = 4, 2
 
 
-def side_for(tmp_path, max_step_tokens=None, ratio=0.5):
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5, **blend_extra):
     blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
     if max_step_tokens is not None:
         blend["max_step_tokens"] = max_step_tokens
+    blend.update(blend_extra)
     config = UCMConfig.from_extra_config({
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
                             "ucm_connector_config": {"storage_backends": str(tmp_path / "store")}}],
@@ -44,16 +45,20 @@ def prompt(seed):
     return [int(t) for c in chunks for t in c] + [7, 8, 9]
 
 
-def store_chunks(side, tokens):
-    plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
+def store_chunks(side, tokens, isolation=None):
+    plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs),
+                      isolation)
     keys = [side.key(KeyKind.CHUNK, b.block_hash) for b in plan.blocks]
     buffers = [np.zeros(64 * len(b.tokens), dtype=np.uint8) for b in plan.blocks]
     assert all(side.store.wait(side.store.dump(keys, buffers, [len(b.tokens) for b in plan.blocks])))
 
 
-def request(side, req_id, tokens):
+def request(side, req_id, tokens, cache_salt=None, lora_request=None):
+    iso = isolation_of(SimpleNamespace(cache_salt=cache_salt, lora_request=lora_request))
+    hashes = side.hasher.prefix_hashes(tokens, extra_keys=[iso.block_keys(i) for i in range(len(tokens) // BS)])
     return SimpleNamespace(request_id=req_id, prompt_token_ids=tokens, kv_transfer_params=None, num_computed_tokens=0,
-                           num_tokens=len(tokens), block_hashes=side.hasher.prefix_hashes(tokens))
+                           num_tokens=len(tokens), block_hashes=hashes, cache_salt=cache_salt,
+                           lora_request=lora_request)
 
 
 def admit(side, req, num_external):
@@ -181,6 +186,33 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
     assert not report["blended"] and report["fallback"] == "preempted" and report["preemptions"] == 1
 
 
+def test_chunk_kv_is_shared_within_a_tenant_and_adapter_only(tmp_path):
+    from vllm.lora.request import LoRARequest
+
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    adapter = LoRARequest("adapter", 1, "/adapters/a")
+    store_chunks(side, tokens, isolation_of(SimpleNamespace(cache_salt="tenant-a", lora_request=None)))
+    store_chunks(side, tokens, isolation_of(SimpleNamespace(cache_salt=None, lora_request=adapter)))
+    cases = [("tenant-a", None, True), ("tenant-b", None, False), (None, None, False), (None, adapter, True),
+             ("tenant-a", adapter, False), (None, LoRARequest("adapter", 1, "/adapters/b"), False)]
+    for i, (salt, lora, shared) in enumerate(cases):
+        req = request(side, f"r{i}", tokens, cache_salt=salt, lora_request=lora)
+        assert side.get_num_new_matched_tokens(req, 0) == ((21 if shared else 0), False), (salt, lora)
+        report = side.request_finished(req)["ucm"]
+        assert report["chunk_hit_blocks"] == (report["chunk_blocks"] if shared else 0)
+
+
+def test_multimodal_requests_do_not_reuse_chunk_kv(tmp_path):
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    req.mm_features = [object()]
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert side.stats.data["blend_skipped_multimodal"] == 1
+
+
 def test_opted_out_request_is_planned_but_not_blended(tmp_path):
     side = side_for(tmp_path)
     tokens = prompt(1)
@@ -205,3 +237,46 @@ def test_max_step_tokens_must_be_a_positive_int(cap):
             "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": "/x"}}],
             "ucm_sparse_config": {"Blend": {"max_step_tokens": cap, "compute_meta": {
                 "model.layers.1.self_attn.attn": {"ratio": 0.2}}}}})
+
+
+KNOBS = {"ucm_blend_ratio": 1.0, "ucm_blend_selection": "oracle", "ucm_exact_prefix": False, "other_connector": 1}
+
+
+@pytest.mark.parametrize("serving,config,honoured", [
+    (False, {}, {"ucm_blend_ratio", "ucm_blend_selection", "ucm_exact_prefix"}),  # offline: everything
+    (True, {}, set()),  # an API server: nothing unless the operator lists it
+    (True, {"request_params": ["ucm_blend_ratio", "ucm_blend_selection"]}, {"ucm_blend_ratio"}),  # no oracle
+    (True, {"request_params": ["ucm_blend_selection"], "allow_oracle": True}, {"ucm_blend_selection"}),
+    (False, {"allow_oracle": False}, {"ucm_blend_ratio", "ucm_exact_prefix"}),
+])
+def test_per_request_parameters_follow_the_operators_policy(tmp_path, monkeypatch, serving, config, honoured):
+    if serving:
+        monkeypatch.setenv("UCM_API_SERVER", "1")
+    else:
+        monkeypatch.delenv("UCM_API_SERVER", raising=False)
+    side = side_for(tmp_path, **config)
+    req = request(side, "a", prompt(1))
+    req.kv_transfer_params = dict(KNOBS)
+    params, refused = side.request_params(req)
+    assert set(params) == honoured
+    assert set(refused) == {"ucm_blend_ratio", "ucm_blend_selection", "ucm_exact_prefix"} - honoured
+    store_chunks(side, req.prompt_token_ids)
+    side.get_num_new_matched_tokens(req, 0)
+    step(side, [admit(side, req, 21)], {"a": 1})
+    report = side.request_finished(req)["ucm"]
+    assert set(report["refused_params"]) == set(refused)
+    assert report["ratio"] == (1.0 if "ucm_blend_ratio" in honoured else 0.5)
+    assert report["selection"] == ("oracle" if "ucm_blend_selection" in honoured else "query")
+    assert side.stats.data.get("request_params_refused", 0) == (1 if refused else 0)
+
+
+@pytest.mark.parametrize("bad", [["ucm_blend_ratio", "ucm_typo"], "ucm_blend_ratio", {"allow_oracle": "yes"}])
+def test_request_policy_config_errors_name_the_problem(bad):
+    from ucm.config import UCMConfigError
+
+    blend = {"compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.2}}}
+    blend.update(bad if isinstance(bad, dict) else {"request_params": bad})
+    with pytest.raises(UCMConfigError, match="request_params|allow_oracle"):
+        UCMConfig.from_extra_config({
+            "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": "/x"}}],
+            "ucm_sparse_config": {"Blend": blend}})

@@ -1,6 +1,8 @@
 """`vllm.general_plugins` entry point: runs in every vLLM process (main, engine core, worker).
 
-Registers the UCM connector under the name "UCMConnector" and the Blend-capable model classes.
+Registers the UCM connector under the name "UCMConnector" and the Blend-capable model classes, and
+marks vLLM's API server process (its engines inherit the mark) so the connector knows that
+per-request parameters come from clients.
 The model classes behave exactly like vLLM's unless the connector hands them a Blend step, so
 registering them costs nothing for engines that do not use Blend. Set UCM_BLEND_NO_MODELS=1 to
 skip the model registration.
@@ -9,11 +11,21 @@ skip the model registration.
 from __future__ import annotations
 
 import os
+import sys
 
 CONNECTOR_NAME = "UCMConnector"
+# "1" in vLLM's API server process and, inherited, in the engines it starts: per-request
+# parameters come from API clients there (see ucm_sparse_config.Blend.request_params).
+API_SERVER_ENV = "UCM_API_SERVER"
+
+
+# Modules only vLLM's OpenAI API server imports (0.32 launches it from `launchers`).
+_API_SERVER_MODULES = ("vllm.entrypoints.launchers.api_server", "vllm.entrypoints.openai.api_server")
 
 
 def register() -> None:
+    if any(m in sys.modules for m in _API_SERVER_MODULES):
+        os.environ.setdefault(API_SERVER_ENV, "1")
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     if CONNECTOR_NAME not in KVConnectorFactory._registry:

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ucm.config import BLEND_SELECTIONS
+from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
+                        ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
+from ucm.integration.vllm.plugin import API_SERVER_ENV
 from ucm.integration.vllm.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
-from ucm.sparse.blend.hashing import BlockHasher
+from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
 from ucm.store.keys import KeyKind, store_key
 
@@ -34,16 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Per-request key in SamplingParams(extra_args={"kv_transfer_params": {...}}): chunk lengths in
-# tokens, for users who mark chunks without a sentinel token.
-CHUNK_LENGTHS_PARAM = "ucm_chunk_lengths"
-# Per-request opt-out of chunk reuse: the request is computed in full (its chunks are still stored,
-# and it is still prefix-cached and offloaded).
-DISABLE_BLEND_PARAM = "ucm_disable_blend"
-# Per-request recompute ratio in [0, 1], overriding compute_meta's (benchmarks sweep it per request).
-RATIO_PARAM = "ucm_blend_ratio"
-# Per-request selection rule ("query", "hkvd" or the diagnostic "oracle"), overriding compute_meta's.
-SELECTION_PARAM = "ucm_blend_selection"
 # Key of the per-request report in RequestOutput.kv_transfer_params.
 REPORT_KEY = "ucm"
 # How long a submitted dump counts as stored before the store itself confirms it.
@@ -69,6 +62,7 @@ class _RequestState:
     preemptions: int = 0  # times it was preempted and planned again
     blended: bool = False
     fallback: str | None = None  # why a request with loaded chunk KV was not (or not wholly) blended
+    refused: tuple[str, ...] = ()  # per-request parameters it sent that the operator does not allow
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
@@ -76,6 +70,13 @@ class _RequestState:
     @property
     def blending(self) -> bool:
         return self.blend_end > (self.plan.prefix_tokens if self.plan else self.prompt_len)
+
+
+def isolation_of(request: Request) -> IsolationKeys:
+    """The request's tenant and adapter, as vLLM keys them in its block hashes."""
+    lora = getattr(request, "lora_request", None)
+    return IsolationKeys(("lora", lora.lora_name, lora.lora_path) if lora else None,
+                         getattr(request, "cache_salt", None) or None)
 
 
 class SchedulerSide:
@@ -95,6 +96,11 @@ class SchedulerSide:
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
+        serving = os.environ.get(API_SERVER_ENV) == "1"
+        listed = self.blend.request_params if self.blend else None
+        self.allowed_params = frozenset(listed if listed is not None else () if serving else REQUEST_PARAMS)
+        oracle = self.blend.allow_oracle if self.blend else None
+        self.allow_oracle = oracle if oracle is not None else not serving
 
     @property
     def hasher(self) -> BlockHasher:
@@ -125,9 +131,25 @@ class SchedulerSide:
 
     # ---- chunk layout -------------------------------------------------------------------
 
-    def chunk_layout(self, request: Request) -> ChunkLayout | None:
-        params = request.kv_transfer_params or {}
+    def request_params(self, request: Request) -> tuple[dict, tuple[str, ...]]:
+        """(the per-request parameters honoured, the names of those refused) of a request."""
+        params, refused = {}, []
+        for name, value in (request.kv_transfer_params or {}).items():
+            if not (isinstance(name, str) and name.startswith("ucm_")) or name == REPORT_KEY:
+                continue  # another connector's, or not ours to judge
+            if (name not in self.allowed_params
+                    or name == SELECTION_PARAM and value == ORACLE_SELECTION and not self.allow_oracle):
+                refused.append(name)
+            else:
+                params[name] = value
+        return params, tuple(refused)
+
+    def chunk_layout(self, request: Request, params: dict) -> ChunkLayout | None:
         if self.blend is None:
+            return None
+        if getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None:
+            # Their KV depends on more than the token ids our chunk keys hash: never shared.
+            self.stats.add("blend_skipped_multimodal")
             return None
         tokens = request.prompt_token_ids or []
         lengths = params.get(CHUNK_LENGTHS_PARAM)
@@ -169,7 +191,9 @@ class SchedulerSide:
         exact_stored = self.lookup(KeyKind.EXACT, hashes)
         first = num_computed_tokens // bs
         hits = 0
-        while first + hits < num_full and exact_stored[first + hits]:
+        params, refused = self.request_params(request)
+        use_prefix = params.get(EXACT_PREFIX_PARAM, True) is not False
+        while use_prefix and first + hits < num_full and exact_stored[first + hits]:
             hits += 1
         external = hits * bs
         if num_computed_tokens + external >= prompt_len:  # vLLM must compute at least one token
@@ -177,16 +201,17 @@ class SchedulerSide:
         prefix_tokens = num_computed_tokens + external
 
         plan = None
-        layout = self.chunk_layout(request)
+        layout = self.chunk_layout(request, params)
         if layout is not None:
-            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup)
+            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup, isolation_of(request))
         state = _RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
-        if plan is not None and not (request.kv_transfer_params or {}).get(DISABLE_BLEND_PARAM):
+        state.refused = refused
+        if plan is not None and not params.get(DISABLE_BLEND_PARAM):
             state.blend_end = blend_region_end(plan, prompt_len)
         if state.blending:
-            state.ratio, state.selection = self._ratio(request), self._selection(request)
+            state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
             state.work = region_work(plan, state.blend_end, state.ratio)
             if self._step_work and self._step_work + state.work > self.step_cap:
                 self.stats.add("blend_deferrals")
@@ -271,6 +296,7 @@ class SchedulerSide:
             "selection": state.selection,
             "fallback": state.fallback,
             "preemptions": state.preemptions,
+            "refused_params": list(state.refused),
             "dumped_blocks": state.num_dumped,
         }}
 
@@ -289,6 +315,10 @@ class SchedulerSide:
         else:
             self.stats.add("requests")
             self.stats.add("prompt_tokens", state.prompt_len)
+            if state.refused:
+                self.stats.add("request_params_refused")
+                logger.warning("request %s: ignoring %s (not allowed by ucm_sparse_config.Blend.request_params / "
+                               "allow_oracle)", state.request.request_id, ", ".join(state.refused))
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
         hashes = self._original_hashes(state.request)
@@ -324,16 +354,16 @@ class SchedulerSide:
         self.stats.add(f"blend_fallbacks_{reason}")
         logger.info("request %s: Blend falls back (%s)", state.request.request_id, reason)
 
-    def _ratio(self, request: Request) -> float:
-        ratio = (request.kv_transfer_params or {}).get(RATIO_PARAM, self.blend.ratio)
+    def _ratio(self, request: Request, params: dict) -> float:
+        ratio = params.get(RATIO_PARAM, self.blend.ratio)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
             logger.warning("request %s: %s must be a number in [0, 1], got %r; using %s",
                            request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
             return self.blend.ratio
         return float(ratio)
 
-    def _selection(self, request: Request) -> str:
-        selection = (request.kv_transfer_params or {}).get(SELECTION_PARAM, self.blend.selection)
+    def _selection(self, request: Request, params: dict) -> str:
+        selection = params.get(SELECTION_PARAM, self.blend.selection)
         if selection not in BLEND_SELECTIONS:
             logger.warning("request %s: %s must be one of %s, got %r; using %r", request.request_id, SELECTION_PARAM,
                            ", ".join(BLEND_SELECTIONS), selection, self.blend.selection)

@@ -22,6 +22,8 @@ COUNTERS: dict[str, str] = {
     "store_prefix_tokens": "Prompt tokens served as an exact prefix from the UCM store",
     "chunk_hit_tokens": "Prompt tokens whose chunk KV was found in the store and loaded for Blend",
     "blended_requests": "Requests computed with the Blend sparse forward",
+    "blend_skipped_multimodal": "Requests with multimodal inputs or prompt embeddings: chunk KV neither looked up nor stored",
+    "request_params_refused": "Requests that sent per-request parameters the operator does not allow (ignored)",
     "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
     "blend_preemptions": "Blended requests preempted and blended again on readmission (chunk KV reloaded)",
     "blend_fallbacks_preempted": "Preempted blended requests whose chunk KV was gone on readmission (computed in full)",

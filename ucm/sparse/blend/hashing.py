@@ -35,6 +35,7 @@ __all__ = [
     "resolve_none_hash_seed",
     "hash_block_tokens",
     "BlockHasher",
+    "IsolationKeys",
 ]
 
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -128,6 +129,26 @@ def hash_block_tokens(
     return hash_fn((parent or none_hash, _int_tuple(tokens), extra_keys))
 
 
+@dataclass(frozen=True)
+class IsolationKeys:
+    """What keeps requests apart in vLLM's prefix cache, as its block-hash extra keys.
+
+    vLLM 0.32 (`generate_block_hash_extra_keys`) adds the LoRA adapter, ``("lora", name, path)``,
+    to every block and ``("cache_salt", salt)`` to the first. Chunk hashes carry the same keys,
+    so two requests share chunk KV exactly when they could share a prefix: never across tenants
+    (salts) or adapters, and a chunk at position 0 keeps the request's own prefix hashes.
+    """
+
+    lora: tuple[str, str, str] | None = None
+    cache_salt: str | None = None
+
+    def block_keys(self, index: int) -> tuple[Any, ...] | None:
+        keys: list[Any] = [self.lora] if self.lora else []
+        if index == 0 and self.cache_salt:
+            keys.append(("cache_salt", self.cache_salt))
+        return tuple(keys) or None
+
+
 @dataclass
 class BlockHasher:
     """Chained block hashing for one algo, block size and root (NONE_HASH).
@@ -191,20 +212,23 @@ class BlockHasher:
             out.append(parent)
         return out
 
-    def chunk_hashes(self, tokens: Sequence[int]) -> list[bytes]:
+    def chunk_hashes(self, tokens: Sequence[int], isolation: IsolationKeys | None = None) -> list[bytes]:
         """Keys of a chunk's stored KV: its prefix hashes plus a trailing partial one.
 
-        Rooted like a prompt, so a chunk at position 0 has exactly the prompt's
-        prefix hashes. The partial last block (``len % block_size`` tokens) is
-        hashed with the same formula; its shorter token tuple serialises
-        differently from any full block, so it cannot alias one.
+        Rooted like a prompt of the same tenant and adapter (``isolation``), so a
+        chunk at position 0 has exactly the prompt's prefix hashes. The partial
+        last block (``len % block_size`` tokens) is hashed with the same formula;
+        its shorter token tuple serialises differently from any full block, so it
+        cannot alias one.
         """
         toks = _int_tuple(tokens)
-        hashes = self.prefix_hashes(toks)
+        iso = isolation or IsolationKeys()
+        num_full = len(toks) // self.block_size
+        hashes = self.prefix_hashes(toks, extra_keys=[iso.block_keys(i) for i in range(num_full)])
         tail = len(toks) % self.block_size
         if tail:
             parent = hashes[-1] if hashes else None
-            hashes.append(self.hash_block(parent, toks[len(toks) - tail :]))
+            hashes.append(self.hash_block(parent, toks[len(toks) - tail :], iso.block_keys(num_full)))
         return hashes
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ucm.sparse.blend.chunking import ChunkLayout, Span
-from ucm.sparse.blend.hashing import BlockHasher
+from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.store.keys import KeyKind
 
 # (kind, block hashes) -> hit per hash
@@ -74,12 +74,13 @@ class BlendPlan:
         return sum(len(b.placed) for b in self.loaded)
 
 
-def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher) -> list[tuple[bytes, int, Span]]:
+def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher,
+                 isolation: IsolationKeys | None = None) -> list[tuple[bytes, int, Span]]:
     """(hash, chunk start, prompt span) of every block of every chunk, partial tails included."""
     out = []
     bs = hasher.block_size
     for chunk in layout.chunks:
-        hashes = hasher.chunk_hashes(token_ids[chunk.start:chunk.end])
+        hashes = hasher.chunk_hashes(token_ids[chunk.start:chunk.end], isolation)
         for i, h in enumerate(hashes):
             start = chunk.start + i * bs
             out.append((h, chunk.start, Span(start, min(start + bs, chunk.end))))
@@ -87,9 +88,13 @@ def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHas
 
 
 def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher, prefix_tokens: int,
-               lookup: LookupFn) -> BlendPlan:
-    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV."""
-    candidates = [(h, c, s) for h, c, s in chunk_blocks(layout, token_ids, hasher) if s.end > prefix_tokens]
+               lookup: LookupFn, isolation: IsolationKeys | None = None) -> BlendPlan:
+    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV.
+
+    ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
+    """
+    candidates = [(h, c, s) for h, c, s in chunk_blocks(layout, token_ids, hasher, isolation)
+                  if s.end > prefix_tokens]
     hashes = [h for h, _, _ in candidates]
     exact = lookup(KeyKind.EXACT, hashes) if hashes else []
     need_chunk = [h for h, hit in zip(hashes, exact) if not hit]

@@ -114,7 +114,8 @@ def run(llm, examples, modes: list[Mode], args):
         if args.verbose:
             tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
 
-    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
+    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
+                               index_alone=args.chunk_store == "alone")
     return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
                          on_measurement=show_answer, on_question=show_question)
 

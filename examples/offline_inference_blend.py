@@ -86,7 +86,8 @@ def run(llm, examples, modes, args):
             for m in result.measurements:
                 tqdm.write(f"    {m.mode:<12} TTFT {m.ttft_s:6.2f}s  -> {m.answer!r}")
 
-    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens)
+    evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
+                               index_alone=args.chunk_store == "alone")
     return run_questions(evaluator, examples, modes, on_question=show)
 
 

@@ -61,6 +61,11 @@ SELECTION_PARAM = "ucm_blend_selection"  # one of BLEND_SELECTIONS
 # false: the store's exact prefix is left unused, so the request blends from its first chunk
 # (benchmarks and tests measure Blend alone with it; vLLM's own prefix cache is not affected).
 EXACT_PREFIX_PARAM = "ucm_exact_prefix"
+# Which missed chunks are stored (ucm_sparse_config.Blend.chunk_store): "any" stores a chunk's KV
+# from whatever prompt first computed it, so the text before it shapes what later requests reuse;
+# "alone" stores only chunks computed with nothing before them (a prompt's first chunk, e.g. an
+# indexing request that sends the chunk by itself), so no user's text shapes another's reuse.
+CHUNK_STORE_POLICIES = ("any", "alone")
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM)
 
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
@@ -186,6 +191,7 @@ class BlendConfig:
     # Whether a request may ask for the diagnostic "oracle" selection (a full prefill first);
     # None: from the offline API only.
     allow_oracle: bool | None = None
+    chunk_store: str = "any"  # one of CHUNK_STORE_POLICIES
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.
@@ -197,8 +203,12 @@ class BlendConfig:
     @classmethod
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
-        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle"},
-                      path)
+        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
+                          "chunk_store"}, path)
+        chunk_store = d.get("chunk_store", "any")
+        if chunk_store not in CHUNK_STORE_POLICIES:
+            raise UCMConfigError(f"{path}.chunk_store must be one of {', '.join(map(repr, CHUNK_STORE_POLICIES))}, "
+                                 f"got {chunk_store!r}")
         request_params = d.get("request_params")
         if request_params is not None:
             if not isinstance(request_params, (list, tuple)) or any(p not in REQUEST_PARAMS for p in request_params):
@@ -261,6 +271,7 @@ class BlendConfig:
             max_step_tokens=cap,
             request_params=request_params,
             allow_oracle=allow_oracle,
+            chunk_store=chunk_store,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
+import torch
 from vllm import SamplingParams
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.eval.prompts import build_prompt
 
 LOGPROB_TOL = 1e-4
+NUM_LAYERS, KV_HEADS, HEAD_SIZE = 30, 3, 64  # the embedded model's KV geometry
 MARKER = 2  # <|im_end|>, the chunk end token of the prompts below
 
 
@@ -68,3 +71,19 @@ def prompts(llm, seed, passages=4, words=200) -> tuple[list[int], list[int]]:
     first = build_prompt(tok, ex, MARKER, order=order)
     reordered = build_prompt(tok, ex, MARKER, order=order[::-1])
     return first.token_ids, reordered.token_ids
+
+
+def read_blocks(store: UcmNfsStore, keys: list[bytes], sizes: list[int], timeout: float = 30.0) -> torch.Tensor:
+    """The stored blocks, back to back: [tokens, layers, 2 (K, V), kv_heads, head_size] float32.
+
+    The worker finishes dumps asynchronously, so wait until every key is visible.
+    """
+    deadline = time.monotonic() + timeout
+    while not all(found := store.lookup(keys)):
+        assert time.monotonic() < deadline, f"blocks not stored after {timeout} s: {found}"
+        time.sleep(0.1)
+    assert [m.token_count for m in store.read_meta(keys)] == sizes
+    buffers = [torch.empty((n, NUM_LAYERS, 2, KV_HEADS, HEAD_SIZE), dtype=torch.float32) for n in sizes]
+    ok = store.wait(store.load(keys, [b.view(torch.uint8).numpy().reshape(-1) for b in buffers]))
+    assert ok == [True] * len(keys)
+    return torch.cat(buffers)

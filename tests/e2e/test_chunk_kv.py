@@ -12,11 +12,9 @@ transformers' K there, and the stored V must equal transformers' V unshifted.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from blend_helpers import run
+from blend_helpers import HEAD_SIZE, KV_HEADS, NUM_LAYERS, read_blocks, run
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.integration.vllm.ucm_connector import store_namespace
@@ -28,7 +26,6 @@ from ucm.store.keys import KeyKind, store_key
 
 MARKER = 2  # <|im_end|>, the fixture's chunk_end_token_id
 BLOCK = 128
-NUM_LAYERS, KV_HEADS, HEAD_SIZE = 30, 3, 64
 CHUNK_TOKENS = 300  # two full blocks and a 44-token tail
 OFFSET = 1000
 LAYERS = (0, 1, 15, 29)
@@ -69,22 +66,6 @@ def vllm_block_hashes(tokens: list[int]) -> list[bytes]:
         parent = kv_cache_utils.hash_block_tokens(sha256, parent, tokens[i * BLOCK:(i + 1) * BLOCK])
         out.append(bytes(parent))
     return out
-
-
-def read_blocks(store: UcmNfsStore, keys: list[bytes], sizes: list[int], timeout: float = 30.0) -> torch.Tensor:
-    """The stored blocks, back to back: [tokens, layers, 2 (K, V), kv_heads, head_size] float32.
-
-    The worker finishes dumps asynchronously, so wait until every key is visible.
-    """
-    deadline = time.monotonic() + timeout
-    while not all(found := store.lookup(keys)):
-        assert time.monotonic() < deadline, f"blocks not stored after {timeout} s: {found}"
-        time.sleep(0.1)
-    assert [m.token_count for m in store.read_meta(keys)] == sizes
-    buffers = [torch.empty((n, NUM_LAYERS, 2, KV_HEADS, HEAD_SIZE), dtype=torch.float32) for n in sizes]
-    ok = store.wait(store.load(keys, [b.view(torch.uint8).numpy().reshape(-1) for b in buffers]))
-    assert ok == [True] * len(keys)
-    return torch.cat(buffers)
 
 
 def transformers_kv(model_dir, tokens: list[int], offsets: tuple[int, ...]) -> dict[int, list[tuple]]:

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
+from ucm.config import BLEND_SELECTIONS, CHUNK_STORE_POLICIES, QUERY_SELECTION
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, bootstrap_ci, normalize_answer, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
@@ -158,6 +158,10 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="model and KV dtype (default: float32 on CPU, the model's own elsewhere); on CPUs with AMX, "
                         "bfloat16 prefill is about 3x faster than float32")
+    p.add_argument("--chunk-store", choices=CHUNK_STORE_POLICIES, default="any",
+                   help="which missed chunks the store keeps: 'any' (as first computed, after whatever text came "
+                        "before), 'alone' (only chunks computed with nothing before them; the passages are then "
+                        "indexed alone) (default any)")
     p.add_argument("--store-capacity-gb", type=float, default=None,
                    help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
                         "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "
@@ -194,7 +198,7 @@ def examples_and_model(args) -> tuple[list, str]:
 
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
-                   capacity_gb: float | None = None, **overrides: Any):
+                   capacity_gb: float | None = None, chunk_store: str | None = None, **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -205,7 +209,8 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
 
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
-    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb), **kwargs)
+    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb,
+                                                                  chunk_store=chunk_store), **kwargs)
 
 
 @dataclass
@@ -239,7 +244,7 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
         print(note, flush=True)
     dtype = {"dtype": args.dtype} if args.dtype else {}
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store.capacity_gb, **dtype)
+                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, **dtype)
     try:
         return fn(llm)
     finally:
@@ -316,25 +321,29 @@ class QuestionResult:
     measurements: list[Measurement]
 
 
-def indexing_prompts(prompt: ChunkedPrompt) -> list[list[int]]:
-    """``[system][passage i]`` for every passage of a built prompt, ending with the chunk marker.
+def indexing_prompts(prompt: ChunkedPrompt, alone: bool = False) -> list[list[int]]:
+    """``[system][passage i]`` (or ``[passage i]`` alone) for every passage of a built prompt,
+    ending with the chunk marker.
 
     The chunk tokens are cut from the prompt itself, so they are the tokens the prompt's chunk
-    hashes are computed from.
+    hashes are computed from. Under the "alone" chunk-store policy only chunks with nothing before
+    them are stored, so the passages are indexed alone.
     """
     bounds, start = [], 0
     for n in prompt.chunk_lengths:
         bounds.append((start, start + n))
         start += n
-    system = prompt.token_ids[bounds[0][0]:bounds[0][1]]
+    system = [] if alone else prompt.token_ids[bounds[0][0]:bounds[0][1]]
     return [system + prompt.token_ids[a:b] for a, b in bounds[1:]]
 
 
 class BlendEvaluator:
     """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
 
-    def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None):
+    def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
+                 index_alone: bool = False):
         self.llm = llm
+        self.index_alone = index_alone  # index passages alone (the "alone" chunk-store policy)
         self.max_tokens = max_tokens
         self.tokenizer = llm.get_tokenizer()
         self.marker = chunk_end_token_id(self.tokenizer)
@@ -359,9 +368,10 @@ class BlendEvaluator:
 
     def index(self, prompt: ChunkedPrompt) -> tuple[float, list[dict]]:
         """Store every chunk of the prompt (batched; these requests blend only the system chunk)."""
-        system = prompt.chunk_lengths[0]
-        prompts = [{"prompt_token_ids": ids} for ids in indexing_prompts(prompt)]
-        params = [self.params(1, [system, len(p["prompt_token_ids"]) - system]) for p in prompts]
+        system = 0 if self.index_alone else prompt.chunk_lengths[0]
+        prompts = [{"prompt_token_ids": ids} for ids in indexing_prompts(prompt, self.index_alone)]
+        params = [self.params(1, [n for n in (system, len(p["prompt_token_ids"]) - system) if n])
+                  for p in prompts]
         start = time.perf_counter()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start, [report_of(o) for o in outs]
@@ -672,7 +682,8 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "passage_words": args.passage_words if args.dataset is None else None,
             "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
             "selections": args.selections, "dtype": args.dtype or "default",
-            "max_num_batched_tokens": args.max_num_batched_tokens, "machine": platform.machine(),
+            "max_num_batched_tokens": args.max_num_batched_tokens, "chunk_store": args.chunk_store,
+            "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
         },

@@ -280,3 +280,24 @@ def test_request_policy_config_errors_name_the_problem(bad):
         UCMConfig.from_extra_config({
             "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": "/x"}}],
             "ucm_sparse_config": {"Blend": blend}})
+
+
+@pytest.mark.parametrize("policy", ["any", "alone"])
+def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, policy):
+    """A prompt new to the store: its full blocks are exact (stored as the prefix either way) and
+    its first chunk has nothing before it; the later chunks were computed after other text, so
+    under "alone" their chunk KV is not stored."""
+    side = side_for(tmp_path, chunk_store=policy)
+    tokens = prompt(1)  # chunks [0, 6) [6, 13) [13, 19), question [19, 22)
+    req = request(side, "a", tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
+    (s,) = meta.requests
+    chunk_keys = {side.key(KeyKind.CHUNK, b.block_hash) for b in side._states["a"].plan.blocks}
+    stored_as_chunk = [d for d in s.dumps if d.key in chunk_keys]
+    exact = [d for d in s.dumps if d.key not in chunk_keys]
+    assert [d.start for d in exact] == [0, 4, 8, 12, 16, 4]  # 5 prefix blocks + the first chunk's tail
+    if policy == "alone":
+        assert stored_as_chunk == []
+    else:
+        assert {(d.start, d.num_tokens) for d in stored_as_chunk} == {(6, 4), (10, 3), (13, 4), (17, 2)}

@@ -42,7 +42,8 @@ def make_llm(model: str, **overrides: Any):
 
 
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
-                        check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None):
+                        check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
+                        chunk_store: str | None = None):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given."""
     from vllm.config import KVTransferConfig
 
@@ -53,6 +54,8 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
     if blend_ratio is not None:
         extra["ucm_sparse_config"] = {"Blend": {"chunk_end_token_id": chunk_end_token_id,
                                                 "compute_meta": {check_layer: {"ratio": blend_ratio}}}}
+        if chunk_store is not None:
+            extra["ucm_sparse_config"]["Blend"]["chunk_store"] = chunk_store
     return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 

@@ -406,6 +406,8 @@ class SchedulerSide:
             exact = blk.chunk_start == 0 and blk.tokens.end <= state.exact_limit
             if exact and len(blk.tokens) == bs:
                 continue  # a full exact block at the prompt start is the prefix dump above
+            if not exact and self.blend.chunk_store == "alone":
+                continue  # computed after other text: that text must not shape what others reuse
             kind = KeyKind.EXACT if exact else KeyKind.CHUNK
             dumps.append(BlockDump(self.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
         return dumps

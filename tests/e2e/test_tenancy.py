@@ -1,0 +1,66 @@
+"""Chunk KV between tenants on a real engine.
+
+A tenant (`cache_salt`) never loads another tenant's chunk KV, as vLLM's prefix cache never
+serves another tenant's prefix; under the "alone" chunk-store policy no user's text shapes the
+chunk KV that others reuse: a chunk is stored only as computed with nothing before it.
+"""
+
+from __future__ import annotations
+
+from blend_helpers import MARKER, prompts, read_blocks, run
+
+from ucm.eval.datasets import generate_synthetic
+from ucm.integration.vllm.llm import ucm_transfer_config
+from ucm.integration.vllm.ucm_connector import store_namespace
+from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
+from ucm.store import UcmNfsStore
+from ucm.store.keys import KeyKind, store_key
+
+
+def test_two_tenants_do_not_share_chunk_kv_one_tenant_does(blend_llm):
+    a, b = prompts(blend_llm, seed=501)
+    run(blend_llm, a, cache_salt="tenant-a")
+    other = run(blend_llm, b, cache_salt="tenant-b")
+    assert other.report["chunk_hit_blocks"] == 0 and not other.report["blended"]
+    same = run(blend_llm, b, cache_salt="tenant-a")
+    assert same.report["blended"] and same.report["chunk_hit_blocks"] == same.report["chunk_blocks"]
+
+
+def texts(tok, seed, n):
+    """n chunks of generated text, each closed by the marker, and a question suffix."""
+    ex = generate_synthetic(num_examples=1, passages_per_example=n, passage_words=160, seed=seed)[0]
+    chunks = [tok.encode(p, add_special_tokens=False) + [MARKER] for p in ex.passages]
+    return chunks, tok.encode("\nQuestion: " + ex.question + "\nAnswer:", add_special_tokens=False)
+
+
+def test_alone_policy_stores_only_chunks_computed_with_nothing_before_them(model_dir, tmp_path, engine_factory):
+    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path, blend_ratio=0.15,
+                                                                           chunk_store="alone"))
+    (junk, doc, other, junk2), question = texts(llm.get_tokenizer(), 502, 4)
+    # Text of the sender's choosing before the document: the document's KV is not stored.
+    first = run(llm, junk + doc + question, cache_salt="tenant-a")
+    assert first.report["chunk_hit_blocks"] == 0
+    later = run(llm, other + doc + question, cache_salt="tenant-a")
+    assert later.report["chunk_hit_blocks"] == 0 and not later.report["blended"]
+    # The document sent alone (an indexing request) is stored, and reused behind any text.
+    run(llm, doc, cache_salt="tenant-a", max_tokens=1)
+    again = run(llm, junk2 + doc + question, cache_salt="tenant-a")
+    assert again.report["blended"] and again.report["chunk_hit_tokens"] == len(doc)
+    # What is stored is the document's KV alone: the same for a tenant that never saw the junk.
+    run(llm, doc, cache_salt="tenant-b", max_tokens=1)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+
+    kv_cache_utils.init_none_hash(sha256)
+    config = llm.llm_engine.vllm_config
+    bs = config.cache_config.block_size
+    hasher = BlockHasher("sha256", bs, kv_cache_utils.NONE_HASH)
+    sizes = [min(bs, len(doc) - i) for i in range(0, len(doc), bs)]
+    store = UcmNfsStore({"storage_backends": str(tmp_path)})
+    try:
+        stored = [read_blocks(store, [store_key(store_namespace(config), KeyKind.EXACT, h)
+                                      for h in hasher.chunk_hashes(doc, IsolationKeys(None, salt))], sizes)
+                  for salt in ("tenant-a", "tenant-b")]
+    finally:
+        store.close()
+    assert float((stored[0] - stored[1]).abs().max()) <= 1e-6

@@ -508,13 +508,20 @@ bool is_direct(int fd) {
 }
 
 // open() that falls back to buffered IO where O_DIRECT is refused (tmpfs: EINVAL).
+// Explicit modes: a umask of 000 must not make blocks or shards world-writable.
+constexpr mode_t kFileMode = 0644;
+constexpr mode_t kDirMode = 0755;
+
+// open() that falls back to buffered IO where O_DIRECT is refused (tmpfs: EINVAL). Never follows
+// a symlink at the block's own name (O_NOFOLLOW), never blocks on a FIFO there (O_NONBLOCK).
 int open_maybe_direct(const std::string& path, int flags, bool direct) {
+  flags |= O_NOFOLLOW | O_NONBLOCK;
   if (direct) {
-    int fd = ::open(path.c_str(), flags | O_DIRECT, 0666);
+    int fd = ::open(path.c_str(), flags | O_DIRECT, kFileMode);
     if (fd >= 0 || errno != EINVAL) return fd;
     g_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
   }
-  return ::open(path.c_str(), flags, 0666);
+  return ::open(path.c_str(), flags, kFileMode);
 }
 
 // mkdir -p of the parent directory of `path`.
@@ -522,10 +529,10 @@ bool make_parent_dirs(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos || slash == 0) return true;
   std::string dir = path.substr(0, slash);
-  if (::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST) return true;
+  if (::mkdir(dir.c_str(), kDirMode) == 0 || errno == EEXIST) return true;
   if (errno != ENOENT) return false;
   if (!make_parent_dirs(dir)) return false;
-  return ::mkdir(dir.c_str(), 0777) == 0 || errno == EEXIST;
+  return ::mkdir(dir.c_str(), kDirMode) == 0 || errno == EEXIST;
 }
 
 struct FreeDeleter {
@@ -594,7 +601,9 @@ bool write_payload(int fd, const Item& it, Xxh64& hash) {
 
 void write_block(Item& it, const IoOptions& opt) {
   struct stat st;
-  if (::stat(it.path.c_str(), &st) == 0) {
+  // A regular file is a stored block; anything else at its name (a symlink, a FIFO) is replaced
+  // by the rename below, never followed or written through.
+  if (::lstat(it.path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
     it.status = kExists;
     return;
   }
@@ -683,6 +692,7 @@ int read_block_fd(int fd, Item& it, const IoOptions& opt) {
     it.err = errno;
     return kIoError;
   }
+  if (!S_ISREG(st.st_mode)) return kBadHeader;  // a FIFO, device or directory is no block
   uint8_t* region = scratch().region.get();
   ssize_t got = pread_full(fd, region, kHeaderRegion, 0);
   if (got < 0) {
@@ -711,7 +721,13 @@ void read_block(Item& it, const IoOptions& opt) {
   int fd = open_maybe_direct(it.path, O_RDONLY | O_CLOEXEC, opt.direct);
   if (fd < 0) {
     it.err = errno;
-    it.status = (errno == ENOENT || errno == ENOTDIR) ? kNotFound : kIoError;
+    if (errno == ENOENT || errno == ENOTDIR) {
+      it.status = kNotFound;
+    } else if (errno == ELOOP) {
+      it.status = kBadHeader;  // a symlink at the block's name: removed like a corrupt block
+    } else {
+      it.status = kIoError;
+    }
     return;
   }
   it.status = read_block_fd(fd, it, opt);

@@ -35,6 +35,8 @@ from typing import Any, ClassVar, TypeAlias
 
 import yaml
 
+from ucm.store.config import near_miss
+
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"  # both the env var and the key inside the extra config
@@ -96,7 +98,12 @@ def _require(d: Mapping[str, Any], key: str, path: str) -> Any:
 
 
 def _warn_unknown(d: Mapping[str, Any], known: set[str] | frozenset[str], path: str) -> None:
+    """Unknown keys are warned about; one a typo away from a known key is an error naming it."""
     unknown = sorted(str(k) for k in d if k not in known)
+    for key in unknown:
+        near = near_miss(key, known)
+        if near is not None:
+            raise UCMConfigError(f"{path}: unknown key {key!r}; did you mean {near!r}?")
     if unknown:
         logger.warning("%s: unknown keys ignored: %s", path, ", ".join(unknown))
 

@@ -346,16 +346,16 @@ def test_error_inside_the_file_names_the_key(tmp_path):
         parse(None, env={"UCM_CONFIG_FILE": str(path)})
 
 
-# -- unknown keys warn -----------------------------------------------------------------------------
+# -- unknown keys warn; typos of known keys fail -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "path, expected",
     [
-        (("ucm_sparse_conf",), "kv_connector_extra_config: unknown keys ignored: ucm_sparse_conf"),
+        (("ucm_sparse_settings",), "kv_connector_extra_config: unknown keys ignored: ucm_sparse_settings"),
         ((*STORE0, "ucm_connector_cfg"), "ucm_connectors[0]: unknown keys ignored: ucm_connector_cfg"),
         ((*BLEND, "chunk_end_token"), "ucm_sparse_config.Blend: unknown keys ignored: chunk_end_token"),
-        ((*META, LAYER, "ratios"), f'{META_MSG}["{LAYER}"]: unknown keys ignored: ratios'),
+        ((*META, LAYER, "ratio_of_tokens"), f'{META_MSG}["{LAYER}"]: unknown keys ignored: ratio_of_tokens'),
     ],
 )
 def test_unknown_keys_warn(caplog, path, expected):
@@ -367,12 +367,36 @@ def test_unknown_keys_warn(caplog, path, expected):
     assert expected in caplog.text
 
 
+@pytest.mark.parametrize(
+    "path, typo, meant",
+    [
+        ((), "ucm_sparse_conf", "ucm_sparse_config"),
+        ((*BLEND,), "max_step_token", "max_step_tokens"),
+        ((*META, LAYER), "ratios", "ratio"),
+        ((*STORE0, "ucm_connector_config"), "capacty_gb", "capacity_gb"),
+    ],
+)
+def test_a_typo_of_a_known_key_fails_naming_the_key(path, typo, meant):
+    extra = example()
+    _set((*path, typo), 1)(extra)
+    with pytest.raises(UCMConfigError, match=f"unknown key '{typo}'; did you mean '{meant}'"):
+        parse(extra)
+
+
 def test_unknown_store_key_warns_via_the_store_parser(caplog):
     extra = example()
-    extra["ucm_connectors"][0]["ucm_connector_config"]["io_thread"] = 8
-    with caplog.at_level(logging.WARNING), pytest.warns(UserWarning, match="io_thread"):
+    extra["ucm_connectors"][0]["ucm_connector_config"]["prefetch_depth"] = 8
+    with caplog.at_level(logging.WARNING), pytest.warns(UserWarning, match="prefetch_depth"):
         parse(extra)
-    assert "io_thread" in caplog.text
+    assert "prefetch_depth" in caplog.text
+
+
+def test_ucm_schema_store_keys_are_accepted_without_effect(caplog):
+    extra = example()
+    extra["ucm_connectors"][0]["ucm_connector_config"].update(kv_block_size=33554432, use_layerwise=False)
+    with caplog.at_level(logging.INFO):
+        parse(extra)
+    assert "no effect" in caplog.text
 
 
 def test_known_keys_do_not_warn(caplog, yaml_file):

@@ -34,7 +34,10 @@ class IoStatus(enum.IntEnum):
 
 
 # A stored block whose bytes cannot be trusted; it is removed so it stops answering lookups.
-CORRUPT_STATUSES = frozenset({IoStatus.BAD_HEADER, IoStatus.CHECKSUM_MISMATCH, IoStatus.TRUNCATED})
+# A damaged payload_len reads as LENGTH_MISMATCH (keys name the KV geometry, so a stored block of
+# another length is not a legitimate one); kept, it would look stored and never load.
+CORRUPT_STATUSES = frozenset({IoStatus.BAD_HEADER, IoStatus.CHECKSUM_MISMATCH, IoStatus.TRUNCATED,
+                              IoStatus.LENGTH_MISMATCH})
 
 
 @dataclass(frozen=True)

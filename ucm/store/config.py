@@ -12,6 +12,44 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 GB = 1 << 30
+HEADER_BYTES_MIN = 4096  # a block file's header region: no smaller capacity can hold a block
+# Keys of UCM's own store schema that mean nothing here: accepted, with a note.
+UCM_NO_EFFECT_KEYS = frozenset({"kv_block_size", "use_layerwise", "load_only_first_rank", "role", "device",
+                                "io_size", "local_rank_size"})
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (the keys are short)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def near_miss(key: str, known: set[str] | frozenset[str], max_edits: int = 2) -> str | None:
+    """The known key `key` is a typo of (one or two edits away), if any."""
+    close = sorted((edit_distance(key, k), k) for k in known)
+    return close[0][1] if close and close[0][0] <= max_edits else None
+
+
+def check_unknown_keys(d: Mapping[str, Any], known: set[str] | frozenset[str], where: str,
+                       no_effect: frozenset[str] = frozenset()) -> None:
+    """A key one or two edits from a known one is a typo: an error naming the key it resembles (a
+    misspelt `capacity_gb` would otherwise leave the store unlimited). Keys that have no effect
+    here get a note; any other unknown key a warning."""
+    for key in sorted(str(k) for k in d if k not in known):
+        near = near_miss(key, known)
+        if near is not None:
+            raise ValueError(f"{where}: unknown key {key!r}; did you mean {near!r}?")
+        if key in no_effect:
+            logger.info("%s: %r has no effect here (accepted for compatibility)", where, key)
+        else:
+            msg = f"{where}: unknown key {key!r} ignored"
+            warnings.warn(msg, stacklevel=3)
+            logger.warning(msg)
 
 
 @dataclass(frozen=True)
@@ -52,15 +90,13 @@ class NfsStoreConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> NfsStoreConfig:
         if not isinstance(d, Mapping):
             raise ValueError(f"store config must be a dict, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            msg = f"unknown UcmNfsStore config keys ignored: {', '.join(unknown)}"
-            warnings.warn(msg, stacklevel=2)
-            logger.warning(msg)
+        check_unknown_keys(d, {f.name for f in fields(cls)}, "UcmNfsStore config", UCM_NO_EFFECT_KEYS)
         if "storage_backends" not in d:
             raise ValueError("storage_backends is required (a directory, or several separated by ':')")
         capacity = _number(d, "capacity_gb", None, minimum=0.0)
+        if capacity and capacity * GB < HEADER_BYTES_MIN:
+            raise ValueError(f"capacity_gb {capacity!r} is below one block file ({HEADER_BYTES_MIN} bytes); "
+                             "use 0 or leave it out for no limit")
         return cls(
             storage_backends=_backends(d["storage_backends"]),
             capacity_gb=capacity or None,

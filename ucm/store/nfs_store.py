@@ -36,14 +36,20 @@ except ImportError as e:  # pragma: no cover - depends on the build
 
 logger = logging.getLogger(__name__)
 
+# Written at a backend's root when a store opens it; a root without it is not the one opened.
+ROOT_MARKER = ".ucm-store"
+FILE_MODE, DIR_MODE = 0o644, 0o755  # explicit: a umask of 000 must not make blocks world-writable
+
 
 class UcmNfsStore(KVStoreBase):
     def __init__(self, config: NfsStoreConfig | Mapping[str, Any]):
         self.config = config if isinstance(config, NfsStoreConfig) else NfsStoreConfig.from_dict(config)
         cfg = self.config
         self._layout = BlockLayout(cfg.storage_backends)
-        for backend in self._layout.backends:
-            _prepare_backend(backend)
+        # Identity of every backend root: a lost mount or a deleted directory must not move the
+        # store to whatever is at the same path now (the local disk, a fresh empty tree).
+        self._roots = {backend: _prepare_backend(backend) for backend in self._layout.backends}
+        self._root_lost_logged = False
         self._limiter = CapacityLimiter(cfg.capacity_bytes) if cfg.capacity_bytes else None
         self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
         # Created from vLLM's bound worker thread, the IO threads would share its one core.
@@ -107,16 +113,27 @@ class UcmNfsStore(KVStoreBase):
             for key, view, t in zip(keys, views, tokens):
                 self._dram.put(key, view, t)
         paths = [self._layout.block_path(k) for k in keys]
-        reserved = sum(file_size(len(v)) for v in views)
-        if self._limiter is not None:
+        task = Task("dump", keys)
+        if not self._roots_intact():
+            task.results = [False] * len(keys)
+            with self._lock:
+                self._stats.dump_errors += len(keys)
+            return task
+        # Blocks already stored are skipped before capacity is reserved: re-dumping them must not
+        # evict others (the native engine still skips any that appear meanwhile).
+        present = self._engine.exists(paths)
+        task.native_indices = [i for i, p in enumerate(present) if not p]
+        new = task.native_indices
+        reserved = sum(file_size(len(views[i])) for i in new)
+        if self._limiter is not None and reserved:
             evicted = self._limiter.reserve(reserved)
             if evicted:
                 with self._lock:
                     self._stats.evictions += evicted
-        task = Task("dump", keys, native_indices=list(range(len(keys))))
         try:
             task.native_id = self._engine.submit_write(
-                keys, [self._layout.temp_path(k) for k in keys], paths, views, tokens
+                [keys[i] for i in new], [self._layout.temp_path(keys[i]) for i in new], [paths[i] for i in new],
+                [views[i] for i in new], [tokens[i] for i in new]
             )
         except BaseException:
             if self._limiter is not None:
@@ -226,8 +243,13 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None:
             self._limiter.release(ctx.reserved)
         results = [False] * len(task.keys)
-        written = skipped = written_bytes = 0
-        for i, (status, err) in enumerate(zip(statuses, errnos)):
+        submitted = set(task.native_indices)
+        written = written_bytes = 0
+        skipped = len(task.keys) - len(submitted)  # stored already when dumped
+        for i in range(len(task.keys)):
+            if i not in submitted:
+                results[i] = True
+        for i, status, err in zip(task.native_indices, statuses, errnos):
             path = ctx.paths[i]
             if status in (IoStatus.OK, IoStatus.EXISTS):
                 results[i] = True
@@ -276,6 +298,22 @@ class UcmNfsStore(KVStoreBase):
             self._direct_fallback_logged = True
             logger.warning("O_DIRECT refused by the filesystem under %s; using buffered IO", self._layout.backends)
 
+    def _roots_intact(self) -> bool:
+        """Every backend is still the directory opened: same device and inode, marker present."""
+        for backend, identity in self._roots.items():
+            try:
+                st = os.stat(backend)
+                intact = (st.st_dev, st.st_ino, _read_marker(backend)) == identity
+            except OSError:
+                intact = False
+            if not intact:
+                if not self._root_lost_logged:
+                    self._root_lost_logged = True
+                    logger.error("store root %s is gone or was replaced (unmounted, deleted or re-created); "
+                                 "refusing to write there: dumps fail and requests are recomputed", backend)
+                return False
+        return True
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("UcmNfsStore is closed")
@@ -309,13 +347,39 @@ def _view(buf: Buffer, i: int, what: str, writable: bool) -> memoryview:
         raise ValueError(f"{what} {i}: {e}") from e
 
 
-def _prepare_backend(directory: str) -> None:
-    """Create the backend and prove it is writable, so a bad mount fails at startup, not per dump."""
+def _read_marker(directory: str) -> bytes:
+    fd = os.open(os.path.join(directory, ROOT_MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        return os.read(fd, 128)
+    finally:
+        os.close(fd)
+
+
+def _prepare_backend(directory: str) -> tuple[int, int, bytes]:
+    """Create the backend and its marker and prove it is writable, so a bad mount fails at
+    startup, not per dump. Returns the root's identity (device, inode, the marker's random
+    content: inodes of a re-created directory are often reused), checked before every write."""
     probe = os.path.join(directory, f".probe~{os.getpid()}~{secrets.token_hex(4)}")
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+        marker = os.path.join(directory, ROOT_MARKER)
+        tmp = f"{marker}~{os.getpid()}~{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        os.write(fd, f"ucm-blend KV store root {secrets.token_hex(16)}\n".encode())
+        os.close(fd)
+        try:
+            os.link(tmp, marker)  # the first store to open the root sets its identity; others keep it
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links on this file system
+            if not os.path.lexists(marker):
+                os.replace(tmp, marker)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         with open(probe, "wb") as f:
             f.write(b"ucm")
         os.unlink(probe)
+        st = os.stat(directory)
+        return st.st_dev, st.st_ino, _read_marker(directory)
     except OSError as e:
         raise ValueError(f"storage_backends: directory {directory!r} cannot be created or written: {e}") from e

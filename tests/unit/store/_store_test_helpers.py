@@ -30,9 +30,10 @@ def size_for(key: bytes, low: int, high: int) -> int:
 
 
 def files_under(root: str, suffix: str = "") -> list[str]:
+    """Files of the store's tree (its root marker, .ucm-store, is not one of them)."""
     out = []
     for dirpath, _, names in os.walk(root):
-        out.extend(os.path.join(dirpath, n) for n in names if n.endswith(suffix))
+        out.extend(os.path.join(dirpath, n) for n in names if n.endswith(suffix) and n != ".ucm-store")
     return out
 
 

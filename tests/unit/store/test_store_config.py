@@ -44,8 +44,16 @@ def test_bad_values_name_the_key(key, value):
 def test_missing_backends_and_unknown_keys():
     with pytest.raises(ValueError, match="storage_backends"):
         NfsStoreConfig.from_dict({"capacity_gb": 1})
-    with pytest.warns(UserWarning, match="io_thread, storage_backend"):
-        NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "io_thread": 4, "storage_backend": "/y"})
+    with pytest.raises(ValueError, match="unknown key 'io_thread'; did you mean 'io_threads'"):
+        NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "io_thread": 4})
+    with pytest.warns(UserWarning, match="prefetch_depth"):
+        NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "prefetch_depth": 4})
+
+
+def test_capacity_below_one_block_is_an_error_not_unlimited():
+    with pytest.raises(ValueError, match="capacity_gb .* below one block file"):
+        NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "capacity_gb": 1e-12})
+    assert NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "capacity_gb": 0}).capacity_bytes is None
 
 
 def test_uncreatable_backend_names_the_directory(tmp_path):

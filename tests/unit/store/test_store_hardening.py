@@ -1,0 +1,103 @@
+"""What a shared directory does to a store: blocks re-dumped, roots lost or replaced, foreign
+files (symlinks, FIFOs) at block names, a permissive umask. Real files, real store instances."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import threading
+
+import numpy as np
+import pytest
+
+from _store_test_helpers import block_for, files_under, key_of
+
+BLOCK = 64 << 10
+
+
+def test_redumping_stored_blocks_of_a_full_store_evicts_nothing(make_store):
+    store = make_store(capacity_gb=4 * (BLOCK + 4096) / (1 << 30))  # room for exactly 4 blocks
+    keys = [key_of(i) for i in range(4)]
+    blocks = [block_for(k, BLOCK) for k in keys]
+    assert all(store.wait(store.dump(keys, blocks, [1] * 4)))
+    assert all(store.wait(store.dump(keys, blocks, [1] * 4)))  # again: all stored, nothing written
+    stats = store.stats()
+    assert stats.evictions == 0 and stats.dump_skipped == 4
+    assert store.lookup(keys) == [True] * 4
+
+
+def test_a_deleted_root_is_not_recreated_and_writes_fail_logged_once(make_store, tmp_path, caplog):
+    store = make_store()
+    key = key_of(1)
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    shutil.rmtree(tmp_path / "store")
+    with caplog.at_level(logging.ERROR, logger="ucm.store.nfs_store"):
+        for i in range(3):
+            k = key_of(10 + i)
+            assert store.wait(store.dump([k], [block_for(k, 1000)], [1])) == [False]
+    assert not (tmp_path / "store").exists(), "the store must not re-create a lost root"
+    assert caplog.text.count("is gone or was replaced") == 1
+    assert store.stats().dump_errors == 3
+    assert store.lookup([key]) == [False]  # a miss: the request is recomputed
+
+
+def test_a_replaced_root_is_refused(make_store, tmp_path):
+    store = make_store()
+    root = tmp_path / "store"
+    shutil.rmtree(root)
+    os.makedirs(root)
+    (root / ".ucm-store").write_text("someone else's store\n")  # same path and marker, another directory
+    k = key_of(2)
+    assert store.wait(store.dump([k], [block_for(k, 1000)], [1])) == [False]
+    assert files_under(str(root), ".kvb") == []
+
+
+def test_a_symlink_at_a_block_name_is_never_followed(make_store, tmp_path):
+    store = make_store()
+    key = key_of(3)
+    elsewhere = tmp_path / "elsewhere.kvb"
+    elsewhere.write_bytes(b"not ours")
+    path = store.block_path(key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(elsewhere, path)
+    dest = np.zeros(1000, np.uint8)
+    assert store.wait(store.load([key], [dest])) == [False]  # refused, and removed as no block
+    assert not os.path.lexists(path) and elsewhere.read_bytes() == b"not ours"
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    assert not os.path.islink(path) and store.wait(store.load([key], [dest])) == [True]
+
+
+def test_a_fifo_at_a_block_name_does_not_hang_loads(make_store):
+    store = make_store(io_threads=1)
+    stuck, ok_key = key_of(4), key_of(5)
+    path = store.block_path(stuck)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.mkfifo(path)
+    assert store.wait(store.dump([ok_key], [block_for(ok_key, 1000)], [1])) == [True]
+    dests = [np.zeros(1000, np.uint8), np.zeros(1000, np.uint8)]
+    done = threading.Event()
+    results = []
+
+    def load():
+        results.extend(store.wait(store.load([stuck, ok_key], dests)))
+        done.set()
+
+    threading.Thread(target=load, daemon=True).start()
+    assert done.wait(10), "a FIFO at a block path blocked the IO thread"
+    assert results == [False, True] and not os.path.lexists(path)
+
+
+def test_files_and_directories_have_explicit_modes(make_store, tmp_path):
+    old = os.umask(0)
+    try:
+        store = make_store(storage_backends=str(tmp_path / "umask0"))
+        key = key_of(6)
+        assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    finally:
+        os.umask(old)
+    path = store.block_path(key)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(tmp_path / "umask0").st_mode) == 0o755

@@ -75,8 +75,10 @@ class NfsStoreConfig:
     temp_grace_s: float = 600.0
     # How often a capacity-limited store rescans the directories to see other writers' usage.
     usage_rescan_s: float = 60.0
-    # A read refreshes a block's mtime (the cross-process LRU clock) at most this often.
-    touch_interval_s: float = 60.0
+    # A read refreshes a block's mtime (the cross-process LRU clock) at most this often: at most
+    # one metadata write per block per interval; longer, and blocks read by other processes
+    # within it look as old as their write (evicted while hot).
+    touch_interval_s: float = 1.0
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -106,7 +108,7 @@ class NfsStoreConfig:
             fsync=_bool(d, "fsync", False),
             temp_grace_s=_number(d, "temp_grace_s", 600.0, minimum=0.0),
             usage_rescan_s=_number(d, "usage_rescan_s", 60.0, minimum=0.0),
-            touch_interval_s=_number(d, "touch_interval_s", 60.0, minimum=0.0),
+            touch_interval_s=_number(d, "touch_interval_s", 1.0, minimum=0.0),
         )
 
 

@@ -26,6 +26,7 @@ from ucm.store.config import NfsStoreConfig
 from ucm.store.dram_store import DramStore
 from ucm.store.housekeeping import Housekeeper
 from ucm.store.layout import BlockLayout
+from ucm.store.usage_ledger import UsageLedger
 
 try:
     from ucm.store import _native
@@ -50,7 +51,8 @@ class UcmNfsStore(KVStoreBase):
         # store to whatever is at the same path now (the local disk, a fresh empty tree).
         self._roots = {backend: _prepare_backend(backend) for backend in self._layout.backends}
         self._root_lost_logged = False
-        self._limiter = CapacityLimiter(cfg.capacity_bytes) if cfg.capacity_bytes else None
+        self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]))
+                         if cfg.capacity_bytes else None)
         self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
         # Created from vLLM's bound worker thread, the IO threads would share its one core.
         others = other_cpus()
@@ -241,7 +243,8 @@ class UcmNfsStore(KVStoreBase):
     def _finish_dump(self, task: Task, statuses: list[int], errnos: list[int], seconds: float) -> list[bool]:
         ctx: _DumpContext = task.context
         if self._limiter is not None:
-            self._limiter.release(ctx.reserved)
+            kept = sum(file_size(ctx.sizes[i]) for i, st in zip(task.native_indices, statuses) if st == IoStatus.OK)
+            self._limiter.release(ctx.reserved, kept)
         results = [False] * len(task.keys)
         submitted = set(task.native_indices)
         written = written_bytes = 0
@@ -274,12 +277,15 @@ class UcmNfsStore(KVStoreBase):
     def _remove_corrupt(self, path: str, status: IoStatus) -> None:
         """A corrupt block would answer every lookup and fail every load; drop it to be recomputed."""
         logger.warning("corrupt block %s (%s); removing it", path, status.name)
+        removed = 0
         try:
+            size = os.lstat(path).st_size
             os.unlink(path)
+            removed = size
         except OSError:
             pass
         if self._limiter is not None:
-            self._limiter.forget(path)
+            self._limiter.forget(path, removed)
 
     def _log_once(self, op: str, status: int, err: int, path: str) -> None:
         """One warning per (operation, status, errno): a full disk must not flood the log."""

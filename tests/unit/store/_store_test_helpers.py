@@ -30,10 +30,10 @@ def size_for(key: bytes, low: int, high: int) -> int:
 
 
 def files_under(root: str, suffix: str = "") -> list[str]:
-    """Files of the store's tree (its root marker, .ucm-store, is not one of them)."""
+    """Block and temp files of the store's tree (not its root marker or usage ledger)."""
     out = []
     for dirpath, _, names in os.walk(root):
-        out.extend(os.path.join(dirpath, n) for n in names if n.endswith(suffix) and n != ".ucm-store")
+        out.extend(os.path.join(dirpath, n) for n in names if n.endswith(suffix) and n not in (".ucm-store", ".ucm-usage"))
     return out
 
 

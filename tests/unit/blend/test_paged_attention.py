@@ -119,15 +119,22 @@ def test_keys_after_each_query_are_never_read():
     torch.testing.assert_close(paged_causal_attention(q, q_pos, pages, table, 0.125), before)
 
 
-def test_large_scores_stay_finite():
-    k = torch.randn(300, 1, 64)
-    q = torch.randn(2, 1, 64) * 200  # scores in the thousands: online softmax must rescale, not overflow
+@pytest.mark.parametrize("seed", range(4))
+def test_large_scores_stay_finite(seed):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(300, 1, 64, generator=gen)
+    q = torch.randn(2, 1, 64, generator=gen) * 200  # scores in the thousands: online softmax must rescale
     q_pos = torch.tensor([150, 299])
-    v = torch.randn(300, 1, 64)
+    v = torch.randn(300, 1, 64, generator=gen)
     pages, table = paged(k, v, 32)
     got = paged_causal_attention(q, q_pos, pages, table, 1.0)
     want = causal_attention_reference(q, k, v, q_pos, torch.arange(300), 1.0)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.isfinite(got).all()
+    # float32 scores of ~4,000 carry rounding of ~4e-4 (summation order differs from the
+    # reference), which the near one-hot softmax passes on to the output: over 200 seeds the
+    # largest difference was 3.2e-4 (1e-4 failed unseeded in CI-like runs); an overflow or a
+    # missed rescale is off by O(1).
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 
 
 def test_rejects_bad_input():

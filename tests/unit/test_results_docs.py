@@ -1,0 +1,29 @@
+"""docs/results.md and README.md's headline table are printed from benchmarks/results/*.json:
+they must say what the JSON says (regenerate with `python benchmarks/make_results.py`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_results():
+    spec = importlib.util.spec_from_file_location("make_results", REPO / "benchmarks" / "make_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_page_is_the_json_printed():
+    mr = make_results()
+    assert (REPO / "docs" / "results.md").read_text() == mr.results_page()
+
+
+def test_readme_headline_is_the_json_printed():
+    mr = make_results()
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(mr.HEADLINE_BEGIN, 1)[1].split(mr.HEADLINE_END, 1)[0]
+    assert block.strip() == mr.headline().strip()
+    assert "| `vllm serve`" in block  # the serving row exists: serve_bench.json is in the repository

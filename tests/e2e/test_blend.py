@@ -75,7 +75,7 @@ def test_oracle_ranks_after_a_full_prefill_and_puts_the_loaded_kv_back(blend_llm
     """The diagnostic "oracle" selection first runs the whole prompt as full prefill (counted as
     probe tokens) to rank the loaded tokens, then must restore their loaded KV: left in the cache,
     the exact KV of the 85% it does not recompute would make it reproduce full prefill."""
-    from ucm.integration.vllm.stats import ucm_counters
+    from ucm.integration.vllm.connector.stats import ucm_counters
 
     a, b = prompts(blend_llm, seed=112)
     run(blend_llm, a)
@@ -207,7 +207,7 @@ def test_blend_disabled_request_still_stores_its_chunks(blend_llm):
 
 def test_statistics_counters_follow_the_requests(blend_llm):
     """The connector's counters reach vLLM's metrics (KVConnectorStats -> Prometheus) per request."""
-    from ucm.integration.vllm.stats import ucm_counters
+    from ucm.integration.vllm.connector.stats import ucm_counters
 
     def delta(before, after):
         return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}

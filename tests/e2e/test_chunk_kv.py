@@ -17,8 +17,8 @@ import torch
 from blend_helpers import HEAD_SIZE, KV_HEADS, NUM_LAYERS, read_blocks, run
 
 from ucm.eval.datasets import generate_synthetic
-from ucm.integration.vllm.ucm_connector import store_namespace
-from ucm.integration.vllm.worker_side import WorkerSide
+from ucm.integration.vllm.connector.ucm_connector import store_namespace
+from ucm.integration.vllm.connector.worker_side import WorkerSide
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.rope import rotate_keys
 from ucm.store import UcmNfsStore

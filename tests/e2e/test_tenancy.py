@@ -11,7 +11,7 @@ from blend_helpers import MARKER, prompts, read_blocks, run
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.integration.vllm.llm import ucm_transfer_config
-from ucm.integration.vllm.ucm_connector import store_namespace
+from ucm.integration.vllm.connector.ucm_connector import store_namespace
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.store import UcmNfsStore
 from ucm.store.keys import KeyKind, store_key

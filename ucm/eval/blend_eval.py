@@ -382,7 +382,7 @@ class BlendEvaluator:
 
     def counters(self) -> dict[str, float]:
         """The connector's cumulative statistics counters (empty when vLLM's stats logging is off)."""
-        from ucm.integration.vllm.stats import ucm_counters
+        from ucm.integration.vllm.connector.stats import ucm_counters
 
         try:
             return ucm_counters(self.llm.get_metrics())
@@ -634,7 +634,7 @@ def format_cache_table(summaries: Sequence[ModeSummary]) -> str:
 
 def format_counters(counters: dict[str, float]) -> str:
     """The connector's statistics counters of a whole run (indexing and warm-up included), one line each."""
-    from ucm.integration.vllm.stats import COUNTERS
+    from ucm.integration.vllm.connector.stats import COUNTERS
 
     width = max(map(len, COUNTERS))
     lines = []

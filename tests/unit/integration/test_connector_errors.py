@@ -54,7 +54,7 @@ def vllm_config(model, extra, **engine_kw):
 def connector(config, role: str):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from ucm.integration.vllm.ucm_connector import UCMConnector
+    from ucm.integration.vllm.connector.ucm_connector import UCMConnector
 
     return UCMConnector(config, KVConnectorRole[role], kv_cache_config=None)
 
@@ -93,7 +93,7 @@ def test_vllm_factory_builds_the_connector_by_name(model_dir, tmp_path):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.plugins import load_general_plugins
 
-    from ucm.integration.vllm.ucm_connector import UCMConnector
+    from ucm.integration.vllm.connector.ucm_connector import UCMConnector
 
     load_general_plugins()
     config = vllm_config(model_dir, extra_config(tmp_path / "store"))

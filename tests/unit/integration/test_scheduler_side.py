@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ucm.config import UCMConfig
-from ucm.integration.vllm.scheduler_side import SchedulerSide, isolation_of
+from ucm.integration.vllm.connector.scheduler_side import SchedulerSide, isolation_of
 from ucm.sparse.blend.chunking import split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import build_plan

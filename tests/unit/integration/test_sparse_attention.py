@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ucm.integration.vllm.kv_layout import layout_for
+from ucm.integration.vllm.connector.kv_layout import layout_for
 from ucm.sparse.blend.runs import causal_attention_reference, pseudo_request_metadata
 
 HQ, HK, D, BS = 9, 3, 64, 32
@@ -96,7 +96,7 @@ DTYPES = {"f32": (torch.float32, None, 1e-4), "bf16": (torch.bfloat16, "vec", 2e
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000], ids=["kernel", "k4", "k16", "tiled"])
 def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, min_kernel_run, native, kind):
-    import ucm.integration.vllm.sparse_attention as sa
+    import ucm.integration.vllm.blend.sparse_attention as sa
 
     dtype, isa, tol = DTYPES[kind]
     if isa == "amx" and min_kernel_run < 1000 and not torch.cpu._is_amx_tile_supported():
@@ -121,7 +121,7 @@ def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, 
 
 
 def test_impl_delegates_other_metadata_and_is_removed_after_the_pass(vllm_cpu):
-    import ucm.integration.vllm.sparse_attention as sa
+    import ucm.integration.vllm.blend.sparse_attention as sa
 
     cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED)
     calls = []

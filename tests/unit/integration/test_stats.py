@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ucm.integration.vllm.stats import COUNTERS, UCMConnectorStats, UCMPromMetrics, ucm_counters
-from ucm.integration.vllm.ucm_connector import UCMConnector
+from ucm.integration.vllm.connector.stats import COUNTERS, UCMConnectorStats, UCMPromMetrics, ucm_counters
+from ucm.integration.vllm.connector.ucm_connector import UCMConnector
 
 
 def test_add_take_and_aggregate_like_vllm():

@@ -29,11 +29,12 @@ def register() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
-        KVConnectorFactory.register_connector(CONNECTOR_NAME, "ucm.integration.vllm.ucm_connector", "UCMConnector")
+        KVConnectorFactory.register_connector(CONNECTOR_NAME, "ucm.integration.vllm.connector.ucm_connector",
+                                              "UCMConnector")
     if os.environ.get("UCM_BLEND_NO_MODELS") != "1":
         from vllm import ModelRegistry
 
-        from ucm.integration.vllm.models import OVERRIDES
+        from ucm.integration.vllm.blend.models import OVERRIDES
 
         for arch, target in OVERRIDES.items():
             ModelRegistry.register_model(arch, target)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
                         ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
-from ucm.integration.vllm.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
-from ucm.integration.vllm.stats import UCMConnectorStats
+from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work

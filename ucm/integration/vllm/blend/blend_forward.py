@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from ucm.config import BLEND_SELECTIONS, ORACLE_SELECTION, QUERY_SELECTION
-from ucm.integration.vllm.sparse_attention import subset_attention, subset_metadata
-from ucm.integration.vllm.worker_side import BlendStep
+from ucm.integration.vllm.blend.sparse_attention import subset_attention, subset_metadata
+from ucm.integration.vllm.connector.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
 from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, oracle_layer_score, probe_candidates,
                                           probe_query_mask, query_weighted_score)

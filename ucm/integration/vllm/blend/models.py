@@ -11,7 +11,7 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
-from ucm.integration.vllm.blend_forward import blend_forward
+from ucm.integration.vllm.blend.blend_forward import blend_forward
 
 
 def current_blend_step():
@@ -46,8 +46,8 @@ class BlendQwen3ForCausalLM(BlendMixin, Qwen3ForCausalLM):
 
 # vLLM architecture name -> our class ("module:Class" for ModelRegistry.register_model).
 OVERRIDES = {
-    "LlamaForCausalLM": "ucm.integration.vllm.models:BlendLlamaForCausalLM",
-    "MistralForCausalLM": "ucm.integration.vllm.models:BlendLlamaForCausalLM",
-    "Qwen2ForCausalLM": "ucm.integration.vllm.models:BlendQwen2ForCausalLM",
-    "Qwen3ForCausalLM": "ucm.integration.vllm.models:BlendQwen3ForCausalLM",
+    "LlamaForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",
+    "MistralForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",
+    "Qwen2ForCausalLM": "ucm.integration.vllm.blend.models:BlendQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "ucm.integration.vllm.blend.models:BlendQwen3ForCausalLM",
 }

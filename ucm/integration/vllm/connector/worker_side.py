@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
+from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.config import BLEND_SELECTIONS
-from ucm.integration.vllm.metadata import BlockDump, RequestStep, UCMConnectorMetadata
-from ucm.integration.vllm.stats import UCMConnectorStats
+from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
 from ucm.store.base import KVStoreBase, Task
 

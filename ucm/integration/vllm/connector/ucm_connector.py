@@ -1,0 +1,184 @@
+"""UCMConnector: vLLM's public KV connector API in front of a UCM store, with Blend chunk reuse.
+
+Use it by module path (`kv_connector="UCMConnector"`,
+`kv_connector_module_path="ucm.integration.vllm.connector.ucm_connector"`) or, once the package is
+installed, by name alone: the `vllm.general_plugins` entry point registers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from ucm.config import BlendConfig, UCMConfig
+from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata
+from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
+from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetrics
+from ucm.integration.vllm.connector.worker_side import BlendStep, WorkerSide
+from ucm.sparse.blend.rope import check_rope_supports_delta
+from ucm.store.factory import create_store
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+# Architectures whose forward ucm.integration.vllm.blend.models can blend.
+BLEND_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def store_namespace(vllm_config: VllmConfig) -> bytes:
+    """Identity of the KV bytes: same model weights, dtype and geometry -> same namespace.
+
+    vLLM's block hashes cover tokens only, so without this two models sharing a store directory
+    would read each other's KV. The model is named by its directory's last component (paths
+    differ between machines of one deployment) plus its architecture and shape.
+    """
+    mc = vllm_config.model_config
+    hf = mc.hf_text_config
+    cache = vllm_config.cache_config
+    parts = [
+        "ucm-blend/v1",
+        str(mc.served_model_name or mc.model).rstrip("/").split("/")[-1],
+        ",".join(getattr(mc.hf_config, "architectures", None) or []),
+        f"L{hf.num_hidden_layers}", f"H{mc.get_total_num_kv_heads()}", f"D{mc.get_head_size()}",
+        f"V{getattr(hf, 'vocab_size', 0)}", str(mc.dtype), f"kv:{cache.cache_dtype}",
+        f"bs{cache.block_size}", f"hash:{cache.prefix_caching_hash_algo}",
+    ]
+    return "|".join(parts).encode()
+
+
+def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
+    mc = vllm_config.model_config
+    archs = getattr(mc.hf_config, "architectures", None) or []
+    if not any(a in BLEND_ARCHITECTURES for a in archs):
+        raise ValueError(f"ucm_sparse_config.Blend does not support model architecture {archs} of {mc.model}; "
+                         f"supported: {', '.join(BLEND_ARCHITECTURES)}")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise ValueError("ucm_sparse_config.Blend does not support pipeline parallelism "
+                         f"(pipeline_parallel_size={vllm_config.parallel_config.pipeline_parallel_size})")
+    if getattr(vllm_config, "lora_config", None) is not None:
+        # The Blend forward runs rows vLLM did not schedule (and subsets of them); vLLM's LoRA
+        # layers map adapters to rows by the scheduled order, so adapters would hit wrong rows.
+        raise ValueError("ucm_sparse_config.Blend does not run with LoRA adapters yet (enable_lora is set); "
+                         "remove ucm_sparse_config to use the connector for prefix offload with LoRA")
+    hf = mc.hf_text_config
+    blend.validate_for_model(hf.num_hidden_layers, hf.vocab_size)
+    check_rope_supports_delta(getattr(hf, "rope_parameters", None))
+
+
+class UCMConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.ucm_config = UCMConfig.from_extra_config(extra)
+        if len(self.ucm_config.stores) > 1:
+            logger.warning("ucm_connectors lists %d stores; only the first (%s) is used",
+                           len(self.ucm_config.stores), self.ucm_config.stores[0].name)
+        blend = self.ucm_config.sparse
+        if blend is not None:
+            validate_blend_model(blend, vllm_config)
+        spec = self.ucm_config.stores[0]
+        self.store = create_store(spec.name, spec.config)
+        cache = vllm_config.cache_config
+        if cache.prefix_caching_hash_algo.startswith("xxhash") and os.environ.get("PYTHONHASHSEED") is None:
+            logger.warning("prefix_caching_hash_algo=%s uses a random per-process seed unless PYTHONHASHSEED "
+                           "is set: stored KV will not be found by other engine processes",
+                           cache.prefix_caching_hash_algo)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            # The store is a cache: a block that cannot be loaded is recomputed, never an error.
+            # The scheduler reads this right after creating the connector.
+            if vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute":
+                logger.info("UCMConnector sets kv_load_failure_policy='recompute': a store miss is recomputed")
+                vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
+            self._scheduler = SchedulerSide(
+                self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
+                cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
+        else:
+            try:
+                self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
+            except Exception:
+                self.store.close()
+                raise
+        logger.info("UCMConnector (%s): store %s %s, blend %s", role.name, spec.name, spec.config, blend)
+
+    # ---- worker role ---------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, UCMConnectorMetadata)
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are synchronous and finish in start_load_kv, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # whole blocks are gathered after the forward, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, UCMConnectorMetadata)
+        self._worker.wait_for_save(meta)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors() if self._worker else set()
+
+    def take_blend_step(self) -> BlendStep | None:
+        """For the Blend model forward of this step (worker process)."""
+        return self._worker.take_blend_step() if self._worker else None
+
+    # ---- statistics (both roles) ---------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> UCMConnectorStats | None:
+        if self._worker is not None:
+            return self._worker.take_stats()
+        return self._scheduler.stats.take() if self._scheduler is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> UCMConnectorStats:
+        return UCMConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> UCMPromMetrics:
+        return UCMPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        self.store.close()
+
+    # ---- scheduler role ------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return False, self._scheduler.request_finished(request)

@@ -245,13 +245,10 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None:
             kept = sum(file_size(ctx.sizes[i]) for i, st in zip(task.native_indices, statuses) if st == IoStatus.OK)
             self._limiter.release(ctx.reserved, kept)
-        results = [False] * len(task.keys)
         submitted = set(task.native_indices)
+        results = [i not in submitted for i in range(len(task.keys))]  # stored already when dumped
         written = written_bytes = 0
-        skipped = len(task.keys) - len(submitted)  # stored already when dumped
-        for i in range(len(task.keys)):
-            if i not in submitted:
-                results[i] = True
+        skipped = len(task.keys) - len(submitted)
         for i, status, err in zip(task.native_indices, statuses, errnos):
             path = ctx.paths[i]
             if status in (IoStatus.OK, IoStatus.EXISTS):
@@ -362,10 +359,9 @@ def _read_marker(directory: str) -> bytes:
 
 
 def _prepare_backend(directory: str) -> tuple[int, int, bytes]:
-    """Create the backend and its marker and prove it is writable, so a bad mount fails at
-    startup, not per dump. Returns the root's identity (device, inode, the marker's random
+    """Create the backend and its marker, which proves it writable (a bad mount fails at
+    startup, not per dump). Returns the root's identity (device, inode, the marker's random
     content: inodes of a re-created directory are often reused), checked before every write."""
-    probe = os.path.join(directory, f".probe~{os.getpid()}~{secrets.token_hex(4)}")
     try:
         os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
         marker = os.path.join(directory, ROOT_MARKER)
@@ -382,9 +378,6 @@ def _prepare_backend(directory: str) -> tuple[int, int, bytes]:
                 os.replace(tmp, marker)
         if os.path.lexists(tmp):
             os.unlink(tmp)
-        with open(probe, "wb") as f:
-            f.write(b"ucm")
-        os.unlink(probe)
         st = os.stat(directory)
         return st.st_dev, st.st_ino, _read_marker(directory)
     except OSError as e:

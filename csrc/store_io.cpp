@@ -8,7 +8,9 @@
 //   [0, 8)      magic "UCMKVBLK"
 //   [8, 12)     u32 length of the msgpack header that follows
 //   [12, ...)   msgpack map {version, payload_offset, payload_len,
-//               token_count, xxh64, key}, zero padded to 4096 bytes
+//               token_count, xxh64, key, header_xxh64}, zero padded to 4096 bytes
+// xxh64 covers the payload, header_xxh64 every other header field (header_digest), so a damaged
+// token_count or key is detected like a damaged payload.
 //   [4096, ...) payload (exactly payload_len bytes)
 // The payload starts at 4096 so that O_DIRECT can read it into an aligned
 // destination without a bounce copy.
@@ -251,7 +253,12 @@ struct BlockHeader {
   uint64_t token_count = 0;
   uint64_t checksum = 0;
   std::string key;
+  uint64_t header_checksum = 0;
 };
+
+// XXH64 of the header's other fields: five u64 LE (version, payload_offset, payload_len,
+// token_count, xxh64), then the key bytes (ucm/store/block_format.py computes the same).
+uint64_t header_digest(const BlockHeader& h);
 
 class MsgpackWriter {
  public:
@@ -399,16 +406,28 @@ class MsgpackReader {
   const uint8_t* end_;
 };
 
+uint64_t header_digest(const BlockHeader& h) {
+  uint8_t fields[40];
+  const uint64_t values[5] = {h.version, h.payload_offset, h.payload_len, h.token_count, h.checksum};
+  for (int f = 0; f < 5; ++f)
+    for (int i = 0; i < 8; ++i) fields[8 * f + i] = static_cast<uint8_t>((values[f] >> (8 * i)) & 0xff);
+  Xxh64 hash(0);
+  hash.update(fields, sizeof(fields));
+  hash.update(h.key.data(), h.key.size());
+  return hash.digest();
+}
+
 // Fills the 4096-byte header region (prefix + msgpack + zero padding).
 void encode_header_region(const BlockHeader& h, uint8_t* region) {
   MsgpackWriter w;
-  w.map_header(6);
+  w.map_header(7);
   w.str("version");        w.uint(h.version);
   w.str("payload_offset"); w.uint(h.payload_offset);
   w.str("payload_len");    w.uint(h.payload_len);
   w.str("token_count");    w.uint(h.token_count);
   w.str("xxh64");          w.uint(h.checksum);
   w.str("key");            w.bin(h.key);
+  w.str("header_xxh64");   w.uint(h.header_checksum);
   const std::string& mp = w.bytes();
   std::memset(region, 0, kHeaderRegion);
   std::memcpy(region, kMagic, sizeof(kMagic));
@@ -446,11 +465,12 @@ int decode_header_region(const uint8_t* region, BlockHeader& h) {
       ok = v.kind == MsgpackReader::Value::kBytes;
       h.key.assign(v.bytes);
       seen |= 32;
-    }
+    } else if (k.bytes == "header_xxh64") ok = take_uint(h.header_checksum, 64);
     if (!ok) return kBadHeader;
   }
   if ((seen & 1) && h.version != kFormatVersion) return kUnsupportedVersion;
-  if (seen != 63 || h.payload_offset != kHeaderRegion) return kBadHeader;
+  if (seen != 127 || h.payload_offset != kHeaderRegion) return kBadHeader;
+  if (header_digest(h) != h.header_checksum) return kBadHeader;
   return kOk;
 }
 
@@ -512,27 +532,71 @@ bool is_direct(int fd) {
 constexpr mode_t kFileMode = 0644;
 constexpr mode_t kDirMode = 0755;
 
-// open() that falls back to buffered IO where O_DIRECT is refused (tmpfs: EINVAL). Never follows
-// a symlink at the block's own name (O_NOFOLLOW), never blocks on a FIFO there (O_NONBLOCK).
-int open_maybe_direct(const std::string& path, int flags, bool direct) {
+// openat() that falls back to buffered IO where O_DIRECT is refused (tmpfs: EINVAL). Never
+// follows a symlink at the block's own name (O_NOFOLLOW), never blocks on a FIFO there (O_NONBLOCK).
+int open_maybe_direct(int dir, const std::string& name, int flags, bool direct) {
   flags |= O_NOFOLLOW | O_NONBLOCK;
   if (direct) {
-    int fd = ::open(path.c_str(), flags | O_DIRECT, kFileMode);
+    int fd = ::openat(dir, name.c_str(), flags | O_DIRECT, kFileMode);
     if (fd >= 0 || errno != EINVAL) return fd;
     g_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
   }
-  return ::open(path.c_str(), flags, kFileMode);
+  return ::openat(dir, name.c_str(), flags, kFileMode);
 }
 
-// mkdir -p of the parent directory of `path`.
-bool make_parent_dirs(const std::string& path) {
+// The directory a block or temp file lives in, `<root>/<s1>/<s2>/`, opened without following a
+// symlink at either shard (a symlinked shard would put blocks outside the store: never counted,
+// never evicted). The root is the operator's path and may be a symlink. `create` makes missing
+// shards. Owns its fd; valid() false with errno set (ELOOP or ENOTDIR: a shard is not a directory).
+class ShardDir {
+ public:
+  ShardDir(const std::string& path, bool create) {
+    size_t p3 = path.rfind('/');
+    size_t p2 = p3 == std::string::npos || p3 == 0 ? std::string::npos : path.rfind('/', p3 - 1);
+    size_t p1 = p2 == std::string::npos || p2 == 0 ? std::string::npos : path.rfind('/', p2 - 1);
+    if (p1 == std::string::npos) {
+      errno = EINVAL;
+      return;
+    }
+    name_ = path.substr(p3 + 1);
+    int root = ::open(path.substr(0, p1).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) return;
+    int s1 = open_shard(root, path.substr(p1 + 1, p2 - p1 - 1), create);
+    int saved = errno;
+    ::close(root);
+    if (s1 < 0) {
+      errno = saved;
+      return;
+    }
+    fd_ = open_shard(s1, path.substr(p2 + 1, p3 - p2 - 1), create);
+    saved = errno;
+    ::close(s1);
+    errno = saved;
+  }
+  ~ShardDir() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardDir(const ShardDir&) = delete;
+  ShardDir& operator=(const ShardDir&) = delete;
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  static int open_shard(int parent, const std::string& name, bool create) {
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    int fd = ::openat(parent, name.c_str(), flags);
+    if (fd >= 0 || errno != ENOENT || !create) return fd;
+    if (::mkdirat(parent, name.c_str(), kDirMode) != 0 && errno != EEXIST) return -1;
+    return ::openat(parent, name.c_str(), flags);
+  }
+  int fd_ = -1;
+  std::string name_;
+};
+
+std::string base_name(const std::string& path) {
   size_t slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return true;
-  std::string dir = path.substr(0, slash);
-  if (::mkdir(dir.c_str(), kDirMode) == 0 || errno == EEXIST) return true;
-  if (errno != ENOENT) return false;
-  if (!make_parent_dirs(dir)) return false;
-  return ::mkdir(dir.c_str(), kDirMode) == 0 || errno == EEXIST;
+  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 struct FreeDeleter {
@@ -601,17 +665,21 @@ bool write_payload(int fd, const Item& it, Xxh64& hash) {
 
 void write_block(Item& it, const IoOptions& opt) {
   struct stat st;
+  ShardDir dir(it.path, /*create=*/true);
+  if (!dir.valid()) {
+    it.err = errno;
+    it.status = kIoError;
+    return;
+  }
   // A regular file is a stored block; anything else at its name (a symlink, a FIFO) is replaced
   // by the rename below, never followed or written through.
-  if (::lstat(it.path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+  if (::fstatat(dir.fd(), dir.name().c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
     it.status = kExists;
     return;
   }
+  const std::string tmp_name = base_name(it.tmp_path);
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  int fd = open_maybe_direct(it.tmp_path, flags, opt.direct);
-  if (fd < 0 && errno == ENOENT && make_parent_dirs(it.tmp_path)) {
-    fd = open_maybe_direct(it.tmp_path, flags, opt.direct);
-  }
+  int fd = open_maybe_direct(dir.fd(), tmp_name, flags, opt.direct);
   if (fd < 0) {
     it.err = errno;
     it.status = kIoError;
@@ -627,6 +695,7 @@ void write_block(Item& it, const IoOptions& opt) {
     h.token_count = it.token_count;
     h.checksum = hash.digest();
     h.key = it.key;
+    h.header_checksum = header_digest(h);
     uint8_t* region = scratch().region.get();
     encode_header_region(h, region);
     ok = pwrite_full(fd, region, kHeaderRegion, 0);
@@ -640,12 +709,12 @@ void write_block(Item& it, const IoOptions& opt) {
     ok = false;
     saved = errno;
   }
-  if (ok && ::rename(it.tmp_path.c_str(), it.path.c_str()) != 0) {
+  if (ok && ::renameat(dir.fd(), tmp_name.c_str(), dir.fd(), dir.name().c_str()) != 0) {
     ok = false;
     saved = errno;
   }
   if (!ok) {
-    ::unlink(it.tmp_path.c_str());
+    ::unlinkat(dir.fd(), tmp_name.c_str(), 0);
     it.err = saved;
     it.status = kIoError;
     return;
@@ -718,7 +787,13 @@ int read_block_fd(int fd, Item& it, const IoOptions& opt) {
 }
 
 void read_block(Item& it, const IoOptions& opt) {
-  int fd = open_maybe_direct(it.path, O_RDONLY | O_CLOEXEC, opt.direct);
+  ShardDir dir(it.path, /*create=*/false);
+  int fd = dir.valid() ? open_maybe_direct(dir.fd(), dir.name(), O_RDONLY | O_CLOEXEC, opt.direct) : -1;
+  if (!dir.valid() && (errno == ELOOP || errno == ENOTDIR)) {
+    it.err = errno;
+    it.status = kNotFound;  // behind a symlinked shard: not part of the store
+    return;
+  }
   if (fd < 0) {
     it.err = errno;
     if (errno == ENOENT || errno == ENOTDIR) {
@@ -854,14 +929,22 @@ class IoEngine {
 
   bool poll(int64_t id) { return find(id)->done.load(std::memory_order_acquire); }
 
-  // -> (statuses, errnos, token_counts, seconds from submit to completion)
-  py::tuple wait(int64_t id) {
+  // -> (statuses, errnos, token_counts, seconds from submit to completion), or None when
+  // `timeout_s` (>= 0) passed first: the task then stays pending, its buffers pinned (an IO thread
+  // may still write them), and can be waited for again.
+  py::object wait(int64_t id, double timeout_s) {
     std::shared_ptr<Task> task = find(id);
+    bool done = true;
     {
       py::gil_scoped_release nogil;
       std::unique_lock<std::mutex> lk(task->m);
-      task->cv.wait(lk, [&] { return task->done.load(std::memory_order_acquire); });
+      auto ready = [&] { return task->done.load(std::memory_order_acquire); };
+      if (timeout_s < 0)
+        task->cv.wait(lk, ready);
+      else
+        done = task->cv.wait_for(lk, std::chrono::duration<double>(timeout_s), ready);
     }
+    if (!done) return py::none();
     {
       std::lock_guard<std::mutex> lk(tasks_mu_);
       tasks_.erase(id);
@@ -885,7 +968,12 @@ class IoEngine {
       py::gil_scoped_release nogil;
       auto run = [&](size_t begin, size_t end) {
         struct stat st;
-        for (size_t i = begin; i < end; ++i) found[i] = ::stat(paths[i].c_str(), &st) == 0;
+        // A regular file in real shard directories: what a load can read and a dump would skip.
+        for (size_t i = begin; i < end; ++i) {
+          ShardDir dir(paths[i], /*create=*/false);
+          found[i] = dir.valid() && ::fstatat(dir.fd(), dir.name().c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                     S_ISREG(st.st_mode);
+        }
       };
       // Parallel stats only pay off for large batches (NFS round trips).
       size_t parts = std::min<size_t>(workers_.size(), paths.size() / 512);
@@ -1075,7 +1163,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("final_paths"), py::arg("buffers"), py::arg("token_counts"))
       .def("submit_read", &IoEngine::submit_read, py::arg("keys"), py::arg("paths"), py::arg("buffers"))
       .def("poll", &IoEngine::poll, py::arg("task_id"))
-      .def("wait", &IoEngine::wait, py::arg("task_id"))
+      .def("wait", &IoEngine::wait, py::arg("task_id"), py::arg("timeout_s") = -1.0)
       .def("exists", &IoEngine::exists, py::arg("paths"))
       .def("close", &IoEngine::close)
       .def_property_readonly("num_threads", &IoEngine::num_threads)

@@ -44,11 +44,11 @@ def result(out) -> Result:
     return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}))
 
 
-def run(llm, token_ids, cache_salt=None, **kw) -> Result:
+def run(llm, token_ids, cache_salt=None, lora_request=None, **kw) -> Result:
     prompt = {"prompt_token_ids": list(token_ids)}
     if cache_salt:
         prompt["cache_salt"] = cache_salt
-    return result(llm.generate([prompt], params(**kw), use_tqdm=False)[0])
+    return result(llm.generate([prompt], params(**kw), use_tqdm=False, lora_request=lora_request)[0])
 
 
 def forget_local_prefix_cache(llm) -> None:

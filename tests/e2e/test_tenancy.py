@@ -7,7 +7,7 @@ chunk KV that others reuse: a chunk is stored only as computed with nothing befo
 
 from __future__ import annotations
 
-from blend_helpers import MARKER, prompts, read_blocks, run
+from blend_helpers import MARKER, assert_same, forget_local_prefix_cache, prompts, read_blocks, run
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.integration.vllm.llm import ucm_transfer_config
@@ -64,3 +64,33 @@ def test_alone_policy_stores_only_chunks_computed_with_nothing_before_them(model
     finally:
         store.close()
     assert float((stored[0] - stored[1]).abs().max()) <= 1e-6
+
+
+def test_lora_adapter_blends_only_its_own_chunk_kv(model_dir, tmp_path, engine_factory):
+    """KV computed under another adapter (here the base model) is never loaded; the adapter's own
+    chunk KV is, and blending it at ratio 1.0 answers as the adapter's full prefill: every row the
+    Blend forward runs (region rows, probe and subset passes) gets the request's adapter."""
+    from lora_adapter import write_random_adapter
+    from vllm.lora.request import LoRARequest
+
+    lora = LoRARequest("random", 1, str(write_random_adapter(model_dir, tmp_path / "adapter")))
+    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "store", blend_ratio=0.15),
+                         enable_lora=True, max_lora_rank=8, max_loras=1)
+    a, b = prompts(llm, seed=503)
+    run(llm, a)  # the base model's chunk KV
+    cold = run(llm, b, lora_request=lora)
+    assert cold.report["chunk_hit_blocks"] == 0 and not cold.report["blended"]
+    run(llm, a, lora_request=lora)  # the adapter's own (b's are stored too, by the run above)
+    forget_local_prefix_cache(llm)
+    blended = run(llm, b, lora_request=lora, ratio=1.0, exact_prefix=False)
+    assert blended.report["blended"] and blended.report["chunk_hit_tokens"] > 0.8 * len(b) - 60
+    forget_local_prefix_cache(llm)
+    full = run(llm, b, lora_request=lora, disable=True, exact_prefix=False)
+    assert_same(blended, full)
+    forget_local_prefix_cache(llm)
+    base = run(llm, b, disable=True, exact_prefix=False)
+    # The adapter matters: the match above is not the base model's answer matching itself.
+    assert max(abs(x - y) for x, y in zip(base.logprobs, full.logprobs)) > 0.1
+    forget_local_prefix_cache(llm)
+    probed = run(llm, b, lora_request=lora, exact_prefix=False)  # ratio 0.15, the question probe's subset passes
+    assert probed.report["blended"] and probed.report["fallback"] is None and probed.report["selection"] == "query"

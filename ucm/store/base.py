@@ -43,6 +43,8 @@ class StoreStats:
     evictions: int = 0
     dram_hits: int = 0  # loads served by the DRAM tier (included in load_blocks)
     dump_skipped: int = 0  # dumps of blocks that were already stored (included in dump_blocks)
+    load_timeouts: int = 0  # keys of loads abandoned after the store's timeout (included in load_errors)
+    quarantined: int = 0  # blocks whose read failed with an IO error: misses in this process for a while
 
     def count_lookup(self, found: Sequence[bool]) -> None:
         hits = sum(found)
@@ -73,6 +75,9 @@ class Task:
     native_id: int | None = None  # the native engine's task
     native_indices: list[int] = field(default_factory=list)  # positions of its keys in `keys`
     served_from_dram: set[int] = field(default_factory=set)  # positions finished at submit time
+    # A load given up on after the store's timeout: IO threads may still write its destinations,
+    # so the caller must not reuse them for anything else.
+    timed_out: bool = False
     context: Any = None
 
 

@@ -2,6 +2,8 @@
 
 Layout: magic "UCMKVBLK" | u32 LE msgpack header length | msgpack header map, zero padded to
 HEADER_REGION bytes | payload. The payload starts at 4096 so O_DIRECT reads land aligned.
+`xxh64` covers the payload and `header_xxh64` the other header fields (`header_digest`): a
+damaged token count or key is caught like a damaged payload.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import struct
 from dataclasses import dataclass
 
 import msgpack
+import xxhash
 
 MAGIC = b"UCMKVBLK"
 PREFIX = struct.Struct("<8sI")
@@ -48,6 +51,13 @@ class BlockHeader:
     token_count: int
     xxh64: int
     key: bytes
+    header_xxh64: int = 0
+
+
+def header_digest(h: BlockHeader) -> int:
+    """XXH64 of the header fields other than itself (must match csrc/store_io.cpp)."""
+    fields = struct.pack("<5Q", h.version, h.payload_offset, h.payload_len, h.token_count, h.xxh64)
+    return xxhash.xxh64(fields + h.key, seed=0).intdigest()
 
 
 def file_size(payload_len: int) -> int:
@@ -72,11 +82,14 @@ def parse_header(region: bytes) -> BlockHeader:
             token_count=fields["token_count"],
             xxh64=fields["xxh64"],
             key=fields["key"],
+            header_xxh64=fields["header_xxh64"],
         )
     except (KeyError, TypeError) as e:
         raise ValueError(f"incomplete block header: {e}") from e
     if header.version != FORMAT_VERSION:
         raise ValueError(f"unsupported block format version {header.version}")
+    if header_digest(header) != header.header_xxh64:
+        raise ValueError("block header checksum mismatch")
     return header
 
 

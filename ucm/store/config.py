@@ -79,6 +79,9 @@ class NfsStoreConfig:
     # one metadata write per block per interval; longer, and blocks read by other processes
     # within it look as old as their write (evicted while hot).
     touch_interval_s: float = 1.0
+    # A load not finished by then is a miss (the blocks are recomputed): a hung mount must not
+    # stall the engine. Its buffers stay pinned until the IO returns. 0: wait for ever.
+    load_timeout_s: float = 30.0
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -109,6 +112,7 @@ class NfsStoreConfig:
             temp_grace_s=_number(d, "temp_grace_s", 600.0, minimum=0.0),
             usage_rescan_s=_number(d, "usage_rescan_s", 60.0, minimum=0.0),
             touch_interval_s=_number(d, "touch_interval_s", 1.0, minimum=0.0),
+            load_timeout_s=_number(d, "load_timeout_s", 30.0, minimum=0.0),
         )
 
 

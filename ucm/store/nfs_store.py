@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 # Written at a backend's root when a store opens it; a root without it is not the one opened.
 ROOT_MARKER = ".ucm-store"
 FILE_MODE, DIR_MODE = 0o644, 0o755  # explicit: a umask of 000 must not make blocks world-writable
+# A block whose read failed with an IO error (not a checksum: those are removed) is a miss in
+# this process for this long, so it is not read, failed and recomputed on every request.
+QUARANTINE_S = 300.0
 
 
 class UcmNfsStore(KVStoreBase):
@@ -62,7 +65,10 @@ class UcmNfsStore(KVStoreBase):
         self._lock = threading.Lock()
         self._logged: set[tuple[str, int, int]] = set()
         self._direct_fallback_logged = False
+        self._timeout_logged = False
         self._closed = False
+        self._abandoned: list[Task] = []  # timed-out loads whose IO has not returned yet
+        self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
         self._housekeeper.start()
@@ -74,7 +80,14 @@ class UcmNfsStore(KVStoreBase):
         found = [False] * len(keys)
         if self._dram is not None:
             found = [self._dram.contains(k) for k in keys]
-        todo = [i for i, f in enumerate(found) if not f]
+        if self._quarantine:
+            now = time.monotonic()
+            with self._lock:
+                self._quarantine = {k: t for k, t in self._quarantine.items() if t > now}
+                quarantined = set(self._quarantine)
+        else:
+            quarantined = set()
+        todo = [i for i, f in enumerate(found) if not f and keys[i] not in quarantined]
         on_disk = self._engine.exists([self._layout.block_path(keys[i]) for i in todo])
         for i, hit in zip(todo, on_disk):
             found[i] = hit
@@ -147,7 +160,12 @@ class UcmNfsStore(KVStoreBase):
     def wait(self, task: Task) -> list[bool]:
         if task.results is not None:
             return list(task.results)
-        statuses, errnos, tokens, seconds = self._engine.wait(task.native_id)
+        self._reap_abandoned()
+        timeout = self.config.load_timeout_s if task.kind == "load" and self.config.load_timeout_s else -1.0
+        done = self._engine.wait(task.native_id, timeout)
+        if done is None:
+            return self._abandon(task)
+        statuses, errnos, tokens, seconds = done
         if task.kind == "load":
             results = self._finish_load(task, statuses, errnos, tokens, seconds)
         else:
@@ -169,7 +187,12 @@ class UcmNfsStore(KVStoreBase):
             return
         self._closed = True
         self._housekeeper.stop()
-        self._engine.close()
+        self._reap_abandoned()
+        if self._abandoned:  # joining the IO threads would hang on the same IO
+            logger.warning("%d timed-out store loads are still blocked in IO; leaving their threads",
+                           len(self._abandoned))
+        else:
+            self._engine.close()
         if self._dram is not None:
             self._dram.close()
 
@@ -201,11 +224,46 @@ class UcmNfsStore(KVStoreBase):
         return self._housekeeper.scan_once()
 
     @property
+    def abandoned_loads(self) -> int:
+        """Timed-out loads whose IO has not returned yet (their buffers are still pinned)."""
+        self._reap_abandoned()
+        return len(self._abandoned)
+
+    @property
     def used_bytes(self) -> int | None:
         """Bytes of block files as this process believes them (None without a capacity limit)."""
         return None if self._limiter is None else self._limiter.used_bytes
 
     # -- internals -----------------------------------------------------------------------
+    def _abandon(self, task: Task) -> list[bool]:
+        """A load past `load_timeout_s`: a miss for the caller (only DRAM-served keys are True)."""
+        task.timed_out = True
+        task.results = [i in task.served_from_dram for i in range(len(task.keys))]
+        timed_out = len(task.native_indices)
+        with self._lock:
+            self._abandoned.append(task)
+            self._stats.load_timeouts += timed_out
+            self._stats.load_errors += timed_out
+            self._stats.load_blocks += len(task.served_from_dram)
+            self._stats.dram_hits += len(task.served_from_dram)
+        if not self._timeout_logged:
+            self._timeout_logged = True
+            logger.warning("store load of %d blocks not done after load_timeout_s=%.1f s (hung or overloaded "
+                           "mount?); they count as misses and are recomputed; further timeouts are only counted "
+                           "in stats().load_timeouts", timed_out, self.config.load_timeout_s)
+        return list(task.results)
+
+    def _reap_abandoned(self) -> None:
+        """Release the buffers of timed-out loads whose IO has returned since."""
+        with self._lock:
+            still = []
+            for task in self._abandoned:
+                if self._engine.poll(task.native_id):
+                    self._engine.wait(task.native_id)  # done: returns at once, releasing its pins
+                else:
+                    still.append(task)
+            self._abandoned = still
+
     def _finish_load(
         self, task: Task, statuses: list[int], errnos: list[int], tokens: list[int], seconds: float
     ) -> list[bool]:
@@ -229,6 +287,10 @@ class UcmNfsStore(KVStoreBase):
                 self._remove_corrupt(path, IoStatus(status))
             elif status != IoStatus.NOT_FOUND:
                 self._log_once("load", status, err, path)
+                if status == IoStatus.IO_ERROR:
+                    with self._lock:
+                        self._quarantine[task.keys[i]] = time.monotonic() + QUARANTINE_S
+                        self._stats.quarantined += 1
         ok = sum(results)
         with self._lock:
             s = self._stats

@@ -277,13 +277,11 @@ def test_unsupported_architecture_without_blend_is_accepted(model_dir, tmp_path)
         assert c.ucm_config.sparse is None
 
 
-def test_blend_with_lora_adapters_fails_naming_both(model_dir, tmp_path):
-    """Blend's forward runs rows vLLM did not schedule; vLLM's LoRA layers map adapters to the
-    scheduled rows, so the combination is refused at start-up rather than run wrong. Without
-    Blend the connector (prefix offload) starts with LoRA: its keys are vLLM's block hashes,
-    which carry the adapter."""
+def test_blend_with_lora_adapters_starts(model_dir, tmp_path):
+    """The Blend forward maps each row it runs to its request's adapter (blend/lora_rows.py), and
+    chunk keys carry the adapter: Blend and LoRA start together (tests/e2e/test_tenancy.py runs them)."""
     config = vllm_config(model_dir, extra_config(tmp_path / "store"), enable_lora=True, max_lora_rank=8)
-    with pytest.raises(ValueError, match="Blend does not run with LoRA"):
-        connector(config, "SCHEDULER")
+    for role in ROLES:
+        assert build_and_close(config, role).ucm_config.sparse is not None
     config = vllm_config(model_dir, extra_config(tmp_path / "store", blend=False), enable_lora=True, max_lora_rank=8)
     connector(config, "SCHEDULER")

@@ -102,3 +102,16 @@ def endless_writer(root: str, block_bytes: int, ready) -> None:
         store.wait(store.dump(keys, [salted(base, k) for k in keys], [1, 1]))
         ready.set()
         i += 2
+
+
+def unreadable_block_as_nobody(root: str, key: bytes, out) -> None:
+    if os.geteuid() == 0:  # root reads any file: check as an unprivileged user
+        os.setgid(65534)
+        os.setuid(65534)
+    store = UcmNfsStore({"storage_backends": root})
+    try:
+        before = store.lookup([key])
+        loaded = store.wait(store.load([key], [np.zeros(1000, np.uint8)]))
+        out.put((before, loaded, store.lookup([key]), store.stats().quarantined))
+    finally:
+        store.close()

@@ -8,11 +8,12 @@ import os
 import shutil
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from _store_test_helpers import block_for, files_under, key_of
+from _store_test_helpers import block_for, files_under, key_of, unreadable_block_as_nobody
 
 BLOCK = 64 << 10
 
@@ -69,6 +70,33 @@ def test_a_symlink_at_a_block_name_is_never_followed(make_store, tmp_path):
     assert not os.path.islink(path) and store.wait(store.load([key], [dest])) == [True]
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_symlinked_shard_directory_is_never_entered(make_store, tmp_path, level):
+    """A shard directory replaced by a symlink would put blocks outside the store (never counted,
+    never evicted): nothing is read, looked up or written through it."""
+    store = make_store()
+    key = key_of(6)
+    path = store.block_path(key)
+    shard = os.path.dirname(path) if level == 2 else os.path.dirname(os.path.dirname(path))
+    outside = tmp_path / "outside"
+    os.makedirs(shard, exist_ok=True)
+    shutil.rmtree(shard)
+    target = outside / os.path.relpath(shard, tmp_path / "store")
+    os.makedirs(target, exist_ok=True)
+    os.symlink(target, shard)
+    # A block placed behind the symlink is not the store's.
+    planted = target / os.path.relpath(path, shard)
+    os.makedirs(planted.parent, exist_ok=True)
+    other = make_store(storage_backends=str(tmp_path / "plain"))
+    assert other.wait(other.dump([key], [block_for(key, 1000)], [1])) == [True]
+    shutil.copy(other.block_path(key), planted)
+    assert store.lookup([key]) == [False]
+    assert store.wait(store.load([key], [np.zeros(1000, np.uint8)])) == [False]
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [False]
+    assert files_under(str(outside), ".kvb") == [str(planted)]  # nothing written through the link
+    assert store.stats().dump_errors == 1
+
+
 def test_a_fifo_at_a_block_name_does_not_hang_loads(make_store):
     store = make_store(io_threads=1)
     stuck, ok_key = key_of(4), key_of(5)
@@ -101,3 +129,57 @@ def test_files_and_directories_have_explicit_modes(make_store, tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
     assert stat.S_IMODE(os.stat(tmp_path / "umask0").st_mode) == 0o755
+
+
+def test_load_past_its_timeout_is_a_miss_and_the_store_goes_on(tmp_path):
+    """One IO thread cannot verify 64 MiB in a millisecond: the load is abandoned as a miss (the
+    engine recomputes), counted, and its buffers stay pinned until the IO returns."""
+    from ucm.store import UcmNfsStore
+
+    keys = [bytes([i]) * 16 for i in range(16)]
+    blocks = [np.full(4 << 20, i, dtype=np.uint8) for i in range(16)]
+    writer = UcmNfsStore({"storage_backends": str(tmp_path)})
+    assert writer.wait(writer.dump(keys, blocks, [1] * 16)) == [True] * 16
+    writer.close()
+    store = UcmNfsStore({"storage_backends": str(tmp_path), "io_threads": 1, "load_timeout_s": 0.001})
+    dest = [np.zeros(4 << 20, dtype=np.uint8) for _ in keys]
+    task = store.load(keys, dest)
+    assert store.wait(task) == [False] * 16 and task.timed_out
+    assert store.stats().load_timeouts == 16 and store.stats().load_errors == 16
+    deadline = time.monotonic() + 30
+    while store.abandoned_loads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.abandoned_loads == 0  # the IO returned: buffers released
+    store.close()
+    patient = UcmNfsStore({"storage_backends": str(tmp_path)})
+    assert patient.wait(patient.load(keys, dest)) == [True] * 16  # nothing was lost or damaged
+    assert all(int(d[0]) == i for i, d in enumerate(dest))
+    patient.close()
+
+
+def test_a_block_failing_with_an_io_error_is_quarantined():
+    """A block that exists but cannot be read (here: no permission, EACCES) must not be looked up,
+    failed and recomputed on every request: after one failed load it is a miss in that process."""
+    import multiprocessing as mp
+
+    from ucm.store import UcmNfsStore
+
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="ucm-quarantine-"))  # reachable by the unprivileged child
+    os.chmod(root, 0o777)
+    store = UcmNfsStore({"storage_backends": str(root)})
+    key = key_of(8)
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    store.close()
+    os.chmod(store.block_path(key), 0)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=unreadable_block_as_nobody, args=(str(root), key, out))
+    p.start()
+    before, loaded, after, quarantined = out.get(timeout=60)
+    p.join(30)
+    assert (before, loaded, after, quarantined) == ([True], [False], [False], 1)
+    assert os.path.exists(store.block_path(key))  # not removed: other processes may read it
+    shutil.rmtree(root)

@@ -17,7 +17,6 @@ KV (see sparse_attention.py).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -25,11 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from ucm.config import BLEND_SELECTIONS, ORACLE_SELECTION, QUERY_SELECTION
-from ucm.integration.vllm.blend.sparse_attention import subset_attention, subset_metadata
+from ucm.integration.vllm.blend.lora_rows import LoraRows, within
+from ucm.integration.vllm.blend.oracle import oracle_score
+from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
+                                               run_subset)
 from ucm.integration.vllm.connector.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
-from ucm.sparse.blend.query_probe import (attention_mass, attention_per_cost, oracle_layer_score, probe_candidates,
-                                          probe_query_mask, query_weighted_score)
+from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
+                                          query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 
 logger = logging.getLogger(__name__)
@@ -43,21 +45,19 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
     from vllm.forward_context import get_forward_context
 
-    fc = get_forward_context()
-    layer_names = [name for name in fc.attn_metadata]  # one KV-cache group: one metadata object
-    batch = _with_regions(model, step, fc.attn_metadata[layer_names[0]], fc.slot_mapping[layer_names[0]],
-                          input_ids, positions, inputs_embeds)
-    meta, positions, slot_mapping, segment = batch.meta, batch.positions, batch.slot_mapping, batch.segment
-    hidden = batch.hidden
+    batch = _with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds)
+    b = batch.rows
+    positions, segment, hidden = b.positions, b.segment, batch.hidden
     n = positions.shape[0]
     layers, check = model.layers, step.check_layer
     device = hidden.device
-    qsl = meta.query_start_loc.long()
+    qsl = b.meta.query_start_loc.long()
     num_reqs = qsl.shape[0] - 1
     last = torch.zeros(n, dtype=torch.bool, device=device)
     last[qsl[1:] - 1] = True  # every request's last token feeds the sampler
 
     # Rows whose slot holds loaded KV, and which loaded row each one is.
+    slot_mapping = b.slot_mapping
     row = torch.full((n,), -1, dtype=torch.long, device=device)
     if step.loaded_slots.numel():
         table = torch.full((int(max(slot_mapping.max().item(), step.loaded_slots.max().item())) + 1,), -1,
@@ -76,32 +76,28 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     oracled = _requests_with(oracle_queries, segment, num_reqs)
     oracle = None
     if bool(oracled.any()):  # diagnostic: before anything below touches the cache
-        oracle = _oracle_score(model, step, fc, meta, layer_names, hidden, positions, slot_mapping, loaded,
-                               oracle_queries, segment)
+        oracle = oracle_score(model, step, b, hidden, loaded, oracle_queries)
     # Loaded rows that skip the layers before the check layer for now: those of probed requests
     # (their deviation is measured on candidates only), of requests ranked by the oracle and of
     # requests reusing everything. Those layers' KV is the loaded one for them, which for layer 0
     # is exact (it depends on the token and its position alone).
     lazy = loaded & (probed | oracled | (ratios == 0))[segment]
-    hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
-                                   positions, ~lazy, hidden, None)
+    hidden, residual = run_layers(layers[:check], b, ~lazy, hidden, None)
 
     # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
     # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
     deviation = torch.zeros(n, dtype=torch.float32, device=device)
-    _add_deviation(deviation, layers[check], step, row, loaded & ~lazy, hidden, residual)
+    _add_deviation(deviation, layers[check], step, b, row, loaded & ~lazy, hidden, residual)
     tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
     candidates = per_cost = None
     if bool(probed.any()):
-        mass = _query_attention_mass(model, step, fc, meta, layer_names, hidden, residual, positions, slot_mapping,
-                                     ~loaded & probed[segment], queries, segment)
+        mass = _query_attention_mass(model, step, b, hidden, residual, ~loaded & probed[segment], queries)
         if tp:  # every rank must pick the same candidates
             mass = tensor_model_parallel_all_reduce(mass)
         per_cost = attention_per_cost(mass, positions)
         candidates = probe_candidates(per_cost, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
-        hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
-                                       positions, candidates, hidden, residual)
-        _add_deviation(deviation, layers[check], step, row, candidates, hidden, residual)
+        hidden, residual = run_layers(layers[:check], b, candidates, hidden, residual)
+        _add_deviation(deviation, layers[check], step, b, row, candidates, hidden, residual)
         lazy &= ~candidates
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
@@ -118,15 +114,13 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     compute = ~loaded | hkvd | last
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.
-    hidden, residual = _run_layers(layers[:check], step.layout, fc, meta, layer_names, slot_mapping, segment,
-                                   positions, compute & lazy, hidden, residual)
+    hidden, residual = run_layers(layers[:check], b, compute & lazy, hidden, residual)
 
     pseudo = pseudo_request_metadata(compute, segment, positions.long())
     logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n, check,
                  pseudo.num_runs)
     idx = pseudo.token_indices
-    h, r = _run_subset(layers[check:], step.layout, fc, meta, layer_names, pseudo, slot_mapping, hidden,
-                       residual, positions)
+    h, r = run_subset(layers[check:], b, pseudo, hidden, residual)
     if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)
     hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
@@ -144,11 +138,8 @@ class _Batch:
     inserted before its own (a request's rows stay contiguous and in position order, as in vLLM's
     batch), with per-request Blend settings."""
 
+    rows: BlendRows
     hidden: torch.Tensor  # [n, hidden] embeddings
-    positions: torch.Tensor  # [n]
-    slot_mapping: torch.Tensor  # [n] int64
-    meta: object  # attention metadata over these rows (vLLM's own when no region was inserted)
-    segment: torch.Tensor  # [n] request index (the block-table row)
     ratios: torch.Tensor  # [num_reqs] float32, 0 for requests not blending
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
@@ -156,13 +147,15 @@ class _Batch:
     num_input_rows: int  # rows of vLLM's input (padding included)
 
 
-def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positions, inputs_embeds) -> _Batch:
+def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embeds) -> _Batch:
     """Builds the batch of this step's forward: vLLM's rows plus the region rows of each blend
     request, found in vLLM's batch by the slot of its first scheduled token (the V1 runner gives
     the model no request ids)."""
+    layer_names = list(fc.attn_metadata)  # one KV-cache group: one metadata object
+    meta = fc.attn_metadata[layer_names[0]]
     n = int(meta.num_actual_tokens)
     device = positions.device
-    slot_mapping = slot_mapping[:n].long()
+    slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
     qsl = meta.query_start_loc.long()
     num_reqs = qsl.shape[0] - 1
     owner = {slot: i for i, slot in enumerate(slot_mapping[qsl[:-1]].tolist())}
@@ -178,15 +171,17 @@ def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positio
         ratios[i], rules[i], question_end[i] = region.ratio, region.selection, region.question_end
     num_rows = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]  # padding included
     hidden = inputs_embeds[:n] if inputs_embeds is not None else model.embed_input_ids(input_ids[:n])
+    counts = qsl[1:] - qsl[:-1]
     if not any(len(r.positions) for r in regions.values()):
-        segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), qsl[1:] - qsl[:-1])
-        return _Batch(hidden, positions[:n], slot_mapping, meta, segment, ratios, rules, question_end, None,
-                      num_rows)
+        segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)
+        rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
+                         LoraRows.of(model, torch.arange(n, device=device)))
+        return _Batch(rows, hidden, ratios, rules, question_end, None, num_rows)
     lens, offset = [], 0
     region_rows, scheduled = [], []
     for i in range(num_reqs):
         m = len(regions[i].positions) if i in regions else 0
-        count = int(qsl[i + 1] - qsl[i])
+        count = int(counts[i])
         if m:
             region_rows.append(torch.arange(offset, offset + m, device=device))
         scheduled.append(torch.arange(offset + m, offset + m + count, device=device))
@@ -195,23 +190,26 @@ def _with_regions(model, step: BlendStep, meta, slot_mapping, input_ids, positio
     region_rows, scheduled = torch.cat(region_rows), torch.cat(scheduled)
     ordered = [regions[i] for i in sorted(regions) if len(regions[i].positions)]
     total = offset
+    lens_t = torch.tensor(lens, device=device)
+    segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), lens_t)
+    # Each row's request, as the row of vLLM's batch that request's LoRA mapping is read from.
+    lora = LoraRows.of(model, qsl[segment])
     out_hidden = hidden.new_empty(total, hidden.shape[1])
     out_hidden[scheduled] = hidden
-    out_hidden[region_rows] = model.embed_input_ids(torch.cat([r.token_ids for r in ordered]))
+    with within(lora, region_rows):
+        out_hidden[region_rows] = model.embed_input_ids(torch.cat([r.token_ids for r in ordered]))
     out_positions = positions.new_empty(total)
     out_positions[scheduled] = positions[:n]
     out_positions[region_rows] = torch.cat([r.positions for r in ordered]).to(positions.dtype)
     out_slots = slot_mapping.new_empty(total)
     out_slots[scheduled] = slot_mapping
     out_slots[region_rows] = torch.cat([r.slots for r in ordered])
-    lens_t = torch.tensor(lens, device=device)
     new_qsl = torch.zeros(num_reqs + 1, dtype=meta.query_start_loc.dtype, device=device)
     new_qsl[1:] = torch.cumsum(lens_t, 0)
     new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
                                    max_query_len=int(lens_t.max()))
-    segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), lens_t)
-    return _Batch(out_hidden, out_positions, out_slots, new_meta, segment, ratios, rules, question_end, scheduled,
-                  num_rows)
+    rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora)
+    return _Batch(rows, out_hidden, ratios, rules, question_end, scheduled, num_rows)
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
@@ -221,59 +219,13 @@ def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
     return owners
 
 
-def _run_layers(layers, layout, fc, meta, layer_names, slot_mapping, segment, positions, rows, hidden, residual):
-    """Runs `layers` (those before the check layer) on `rows`; returns the updated (hidden, residual).
-
-    All of vLLM's rows: the plain stack. Otherwise a subset pass; rows that have not run yet enter with the
-    embedding and a zero residual, which the first layer's fused add+norm treats exactly like no
-    residual.
-    """
-    if len(layers) == 0 or not bool(rows.any()):
-        return hidden, residual
-    if bool(rows.all()) and residual is None and meta is fc.attn_metadata[layer_names[0]]:  # vLLM's own rows
-        for layer in layers:
-            hidden, residual = layer(positions, hidden, residual)
-        return hidden, residual
-    pseudo = pseudo_request_metadata(rows, segment, positions[:rows.shape[0]].long())
-    if residual is None:  # the embedding may be the caller's buffer: write into a copy
-        hidden, residual = hidden.clone(), torch.zeros_like(hidden)
-    h, r = _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions)
-    hidden[pseudo.token_indices] = h
-    residual[pseudo.token_indices] = r
-    return hidden, residual
-
-
-def _add_deviation(deviation, check_layer, step: BlendStep, row, rows, hidden, residual) -> None:
+def _add_deviation(deviation, check_layer, step: BlendStep, b: BlendRows, row, rows, hidden, residual) -> None:
     """Writes the check-layer V deviation of `rows` (loaded rows whose state has reached the check layer)."""
     if not bool(rows.any()):
         return
-    fresh_v = _check_layer_v(check_layer, hidden[rows], None if residual is None else residual[rows])
+    with b.lora_rows(torch.nonzero(rows).flatten()):
+        fresh_v = _check_layer_v(check_layer, hidden[rows], None if residual is None else residual[rows])
     deviation[rows] = token_deviation(fresh_v, step.check_v[row[rows]])
-
-
-def _run_subset(layers, layout, fc, meta, layer_names, pseudo, slot_mapping, hidden, residual, positions):
-    """Runs `layers` on the rows of `pseudo` only, attention exactly causal over the paged KV.
-
-    Returns new (hidden, residual) rows; the rows are gathered as copies, so the caller's tensors
-    are untouched. The KV of these rows is written into the cache as each layer runs.
-    """
-    idx = pseudo.token_indices
-    attn_layers = [fc.no_compile_layers[name] for name in layer_names]
-    dtype = fc.slot_mapping[layer_names[0]].dtype
-    sel_positions = positions[idx]
-    sub = subset_metadata(meta, pseudo, slot_mapping.index_select(0, idx).to(dtype), attn_layers[0], hidden.dtype,
-                          sel_positions, layout)
-    saved_meta, saved_slots = fc.attn_metadata, fc.slot_mapping
-    fc.attn_metadata = {name: sub for name in layer_names}
-    fc.slot_mapping = {name: sub.slot_mapping for name in layer_names}
-    try:
-        h, r = hidden[idx], None if residual is None else residual[idx]
-        with subset_attention(attn_layers, layout):
-            for layer in layers:
-                h, r = layer(sel_positions, h, r)
-    finally:
-        fc.attn_metadata, fc.slot_mapping = saved_meta, saved_slots
-    return h, r
 
 
 def _check_layer_v(layer, hidden, residual) -> torch.Tensor:
@@ -289,8 +241,8 @@ def _check_layer_v(layer, hidden, residual) -> torch.Tensor:
     return qkv[:, attn.q_size + attn.kv_size:].reshape(-1, attn.num_kv_heads, attn.head_dim)
 
 
-def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden, residual, positions, slot_mapping,
-                          run_rows, queries, segment) -> torch.Tensor:
+def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual, run_rows,
+                          queries) -> torch.Tensor:
     """Attention mass the question rows give each row of the batch, over the layers after the check layer.
 
     `run_rows` (every row without loaded KV of the probed requests) go through those layers over
@@ -299,87 +251,15 @@ def _query_attention_mass(model, step: BlendStep, fc, meta, layer_names, hidden,
     from the paged cache. The KV these rows write is rewritten by the main pass, which computes
     every row without loaded KV.
     """
-    n = positions.shape[0]
-    pseudo = pseudo_request_metadata(run_rows, segment, positions.long())
+    n = b.positions.shape[0]
+    pseudo = pseudo_request_metadata(run_rows, b.segment, b.positions.long())
     step.stats.add("probe_tokens", pseudo.num_tokens)
-    probe_layers = range(step.check_layer + 1, len(layer_names))
-    attns = [fc.no_compile_layers[layer_names[i]] for i in probe_layers]
+    attns = b.attn_layers()[step.check_layer + 1:]
     keep = queries[pseudo.token_indices]  # which probe-pass rows are queries
-    with _captured_queries(attns, keep) as captured:
-        _run_subset(model.layers[step.check_layer:], step.layout, fc, meta, layer_names, pseudo, slot_mapping,
-                    hidden, residual, positions)
+    with captured_queries(attns, keep) as captured:
+        run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual)
     q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
     mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    for i, attn, q in zip(probe_layers, attns, captured):
-        mass += _layer_attention_mass(step.layout, step.caches[i], meta, q, q_rows, segment, positions,
-                                      attn.impl.scale)
-    return mass
-
-
-def _oracle_score(model, step: BlendStep, fc, meta, layer_names, hidden, positions, slot_mapping, loaded, queries,
-                  segment) -> torch.Tensor:
-    """The "oracle" selection's score of every row (diagnostic; costs a full prefill on top).
-
-    Runs the whole batch through every layer as full prefill would, capturing the question rows'
-    queries, then scores each loaded row per layer by the attention those queries pay it times
-    its V error (query_probe.oracle_layer_score), and puts the loaded KV (of the `loaded` rows)
-    back, so the Blend pass that follows starts from the same cache as with any other selection.
-    """
-    n = segment.shape[0]
-    slots = slot_mapping[loaded]
-    stale = [step.layout.gather(cache, slots) for cache in step.caches]
-    attns = [fc.no_compile_layers[name] for name in layer_names]
-    with _captured_queries(attns, queries) as captured:
-        _run_layers(model.layers, step.layout, fc, meta, layer_names, slot_mapping, segment, positions,
-                    torch.ones(n, dtype=torch.bool, device=hidden.device), hidden.clone(), None)
-    step.stats.add("probe_tokens", n)
-    q_rows = torch.nonzero(queries).flatten()
-    score = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    for cache, attn, q, (k, v) in zip(step.caches, attns, captured, stale):
-        mass = _layer_attention_mass(step.layout, cache, meta, q, q_rows, segment, positions, attn.impl.scale)
-        _, fresh_v = step.layout.gather(cache, slots)
-        score[loaded] += oracle_layer_score(mass[loaded], fresh_v, v)
-        step.layout.scatter(cache, slots, k, v)
-    return score
-
-
-@contextlib.contextmanager
-def _captured_queries(attns, keep):
-    """Collects, in order, each attention layer's queries of the `keep` rows of the pass run inside
-    (``[rows, heads, head_size]`` each, after RoPE)."""
-    captured: dict[int, torch.Tensor] = {}
-
-    def capture(index):
-        def hook(module, args, kwargs):
-            query = args[0] if args else kwargs["query"]
-            captured[index] = query[keep].reshape(int(keep.sum()), module.num_heads, module.head_size)
-        return hook
-
-    out: list[torch.Tensor] = []
-    hooks = [a.register_forward_pre_hook(capture(i), with_kwargs=True) for i, a in enumerate(attns)]
-    try:
-        yield out
-    finally:
-        for handle in hooks:
-            handle.remove()
-    out.extend(captured[i] for i in range(len(attns)))
-
-
-def _layer_attention_mass(layout, cache, meta, q, q_rows, segment, positions, scale) -> torch.Tensor:
-    """Attention mass queries `q` (of batch rows `q_rows`) give each batch row over one layer's
-    paged K (the request's whole K, prefix included), ``[n]`` float32."""
-    n = positions.shape[0]
-    mass = torch.zeros(n, dtype=torch.float32, device=q.device)
-    qsl = meta.query_start_loc.long()
-    q_seg = segment[q_rows]
-    block_size = layout.kernel_block_size
-    for req in torch.unique(q_seg).tolist():
-        mine = q_seg == req
-        q_pos = positions[q_rows[mine]].long()
-        pages = meta.block_table[req, :(int(q_pos.max()) + block_size) // block_size].long()
-        k_t, _ = layout.gather_pages_head_major(cache, pages, values=False)  # one copy
-        req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale)
-        first, last = int(qsl[req]), int(qsl[req + 1])
-        start = int(positions[first])
-        mass[first:last] = req_mass[start:start + last - first]
+    for i, attn, q in zip(range(step.check_layer + 1, len(b.layer_names)), attns, captured):
+        mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale)
     return mass

@@ -31,6 +31,7 @@ COUNTERS: dict[str, str] = {
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
+    "load_timeouts": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
     "load_bytes": "Bytes loaded from the store",
     "load_ms": "Milliseconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",

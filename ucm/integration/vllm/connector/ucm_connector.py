@@ -67,11 +67,6 @@ def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise ValueError("ucm_sparse_config.Blend does not support pipeline parallelism "
                          f"(pipeline_parallel_size={vllm_config.parallel_config.pipeline_parallel_size})")
-    if getattr(vllm_config, "lora_config", None) is not None:
-        # The Blend forward runs rows vLLM did not schedule (and subsets of them); vLLM's LoRA
-        # layers map adapters to rows by the scheduled order, so adapters would hit wrong rows.
-        raise ValueError("ucm_sparse_config.Blend does not run with LoRA adapters yet (enable_lora is set); "
-                         "remove ucm_sparse_config to use the connector for prefix offload with LoRA")
     hf = mc.hf_text_config
     blend.validate_for_model(hf.num_hidden_layers, hf.vocab_size)
     check_rope_supports_delta(getattr(hf, "rope_parameters", None))

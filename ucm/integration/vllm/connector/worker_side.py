@@ -158,7 +158,11 @@ class WorkerSide:
             offset += n
         destinations += [self.block_tensor(ld.num_tokens) for _, ld in prefix]
         keys = [ld.key for _, ld in chunks] + [ld.key for _, ld in prefix]
-        ok = self.store.wait(self.store.load(keys, [_bytes_view(d) for d in destinations]))
+        task = self.store.load(keys, [_bytes_view(d) for d in destinations])
+        ok = self.store.wait(task)
+        if task.timed_out:  # IO threads may still write the staging buffer: never reuse it
+            self._staging_buf = None
+            self.stats.add("load_timeouts", len(keys) - sum(ok))
 
         for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
             if good:

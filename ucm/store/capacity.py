@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ucm.store.layout import ScannedFile
@@ -33,7 +33,8 @@ class _Entry:
 
 
 class CapacityLimiter:
-    def __init__(self, capacity_bytes: int, ledger: UsageLedger | None = None):
+    def __init__(self, capacity_bytes: int, ledger: UsageLedger | None = None,
+                 on_full: Callable[[], None] | None = None):
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
@@ -43,28 +44,36 @@ class CapacityLimiter:
         self._lock = threading.Lock()
         self._ledger = ledger
         self._ledger_failed = False
+        # Called when the store is full of files this process does not know (other writers',
+        # written since its last scan): the housekeeper rescans at once.
+        self._on_full = on_full
 
     @property
     def used_bytes(self) -> int:
         """The store's usage: the shared ledger's (every process), else this process's view."""
-        shared = self._shared(lambda used: used)
+        shared = self._shared(lambda ledger: ledger.total())
         return self._used if shared is None else shared
 
-    def _shared(self, change) -> int | None:
-        """`change` applied to the ledger under its lock; None without a usable ledger."""
+    def _shared(self, op):
+        """`op(ledger)`'s result; None without a usable ledger."""
         if self._ledger is None or self._ledger_failed:
             return None
         try:
-            return self._ledger.update(change)
+            return op(self._ledger)
         except OSError as e:
             self._ledger_failed = True
             logger.warning("store usage ledger %s unusable (%s); capacity is kept per process from now on",
                            self._ledger.path, e)
             return None
 
-    def reset_from_scan(self, files: Iterable[ScannedFile], scan_started: float) -> None:
+    def scan_mark(self) -> int | None:
+        """Taken before a directory scan, passed to reset_from_scan (the ledger's commit clock)."""
+        return self._shared(lambda ledger: ledger.added())
+
+    def reset_from_scan(self, files: Iterable[ScannedFile], scan_started: float, mark: int | None = None) -> None:
         """Adopt a directory scan as the truth, keeping recency we know better than the mtimes
         and files we added while the scan ran (it may have passed their directory already)."""
+        files = list(files)
         with self._lock:
             merged: dict[str, _Entry] = {}
             for f in files:
@@ -75,8 +84,10 @@ class CapacityLimiter:
                     merged[path] = entry
             self._files = OrderedDict(sorted(merged.items(), key=lambda kv: kv[1].stamp))
             self._used = sum(e.size for e in self._files.values())
-            used, reserved = self._used, self._reserved
-        self._shared(lambda _: used + reserved)  # what is on disk, plus this process's writes in flight
+        on_disk = sum(f.size for f in files)
+        if mark is not None:
+            self._shared(lambda ledger: ledger.reconcile(on_disk, mark))
+        self.trim()
 
     def touch(self, path: str) -> None:
         with self._lock:
@@ -100,39 +111,82 @@ class CapacityLimiter:
             if old is not None:
                 self._used -= old.size
         if removed_bytes:
-            self._shared(lambda used: used - removed_bytes)
+            self._shared(lambda ledger: ledger.freed(removed_bytes))
 
-    def reserve(self, incoming: int) -> int:
-        """Evict least recently used files until `incoming` more bytes fit; returns evictions.
+    def reserve(self, sizes: list[int]) -> tuple[int, int]:
+        """Evict least recently used files until the blocks of `sizes` fit; returns (evictions,
+        n): the first n blocks fit and their bytes are reserved, the others must not be written
+        (a batch larger than the room left, e.g. than the whole capacity, is cut, never let over).
 
         With a ledger the bytes are reserved there, so every process sees them. The caller must
-        `release(incoming, kept)` once the write is done, `kept` being the bytes actually written
-        (successful writes are then `add`ed with their real size).
+        `release(reserved, kept)` once the writes are done, `kept` being the bytes actually
+        written (successful writes are then `add`ed with their real size).
         """
+        overshoot = False
+        with self._lock:
+            evicted = accepted = 0
+            incoming = sum(sizes)
+
+            def make_room(total: int) -> tuple[int, int]:  # the shared usage, under the ledger's lock
+                nonlocal evicted, accepted
+                freed_total = 0
+                while self._files and total - freed_total + incoming > self.capacity_bytes:
+                    freed = self._evict_oldest()
+                    if freed is not None:
+                        freed_total += freed
+                        evicted += 1
+                room, taken = self.capacity_bytes - (total - freed_total), 0
+                for size in sizes:
+                    if taken + size > room:
+                        break
+                    taken += size
+                    accepted += 1
+                if not accepted and sizes and not self._files and not self._reserved:
+                    # Full of other writers' files this process has not scanned yet: one block
+                    # over the limit (per process, at most one in flight) instead of refusing
+                    # every dump until the next scan, which is asked for now and evicts it back.
+                    nonlocal overshoot
+                    overshoot, accepted, taken = True, 1, sizes[0]
+                return freed_total, taken
+
+            if self._shared(lambda ledger: ledger.reserve(make_room)) is None:  # this process alone
+                make_room(self._used + self._reserved)
+            self._reserved += sum(sizes[:accepted])
+        if overshoot and self._on_full is not None:
+            self._on_full()
+        return evicted, accepted
+
+    def set_on_full(self, callback: Callable[[], None]) -> None:
+        self._on_full = callback
+
+    def trim(self) -> int:
+        """Evicts known files while the shared usage is over the limit (an admitted overshoot,
+        or writes this process learnt of by a scan); returns the evictions."""
         with self._lock:
             evicted = 0
 
-            def fit(used: int) -> int:  # the shared usage, under the ledger's lock
+            def make_room(total: int) -> tuple[int, int]:
                 nonlocal evicted
-                while self._files and used + incoming > self.capacity_bytes:
+                freed_total = 0
+                while self._files and total - freed_total > self.capacity_bytes:
                     freed = self._evict_oldest()
                     if freed is not None:
-                        used -= freed
+                        freed_total += freed
                         evicted += 1
-                return used + incoming
+                return freed_total, 0
 
-            if self._shared(fit) is None:  # this process's view alone
-                while self._files and self._used + self._reserved + incoming > self.capacity_bytes:
-                    if self._evict_oldest() is not None:
-                        evicted += 1
-            self._reserved += incoming
+            if self._shared(lambda ledger: ledger.reserve(make_room)) is None:
+                make_room(self._used + self._reserved)
         return evicted
+
+    def over_capacity(self) -> bool:
+        return self.used_bytes > self.capacity_bytes
 
     def release(self, incoming: int, kept: int = 0) -> None:
         with self._lock:
             self._reserved -= incoming
-        if incoming > kept:
-            self._shared(lambda used: used - (incoming - kept))
+        if incoming:
+            self._shared(lambda ledger: ledger.release(incoming, kept))
 
     def _evict_oldest(self) -> int | None:
         """Unlink the least recently used file unless someone used it since we last looked;

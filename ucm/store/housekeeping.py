@@ -1,8 +1,10 @@
 """Background directory scans of the file store.
 
 A scan removes temp files left by crashed writers and, for a capacity-limited store, refreshes
-the usage it tracks (other processes' writes and evictions). It runs off the caller's path
-because walking a large NFS tree takes seconds to minutes.
+the usage it tracks (other processes' writes and evictions) and evicts back under the limit. It
+runs off the caller's path because walking a large NFS tree takes seconds to minutes: every
+`usage_rescan_s` with a capacity limit, every `temp_grace_s` without, and at once when a writer
+finds the store full of files it has not seen.
 """
 
 from __future__ import annotations
@@ -49,14 +51,19 @@ class Housekeeper:
         self._rescan_s = rescan_s
         self._scan_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a scan asked for now (request_scan)
         self.first_scan_done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ucm-store-housekeeping", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def request_scan(self) -> None:
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
 
@@ -64,6 +71,7 @@ class Housekeeper:
         """One full scan; returns how many abandoned temp files were removed."""
         with self._scan_lock:
             now = time.time()
+            mark = self._limiter.scan_mark() if self._limiter is not None else None
             removed = 0
             blocks: list[ScannedFile] = []
             for f, owner in self._layout.scan():
@@ -82,7 +90,7 @@ class Housekeeper:
             if removed:
                 logger.info("removed %d abandoned temp files under %s", removed, ", ".join(self._layout.backends))
             if self._limiter is not None:
-                self._limiter.reset_from_scan(blocks, scan_started=now)
+                self._limiter.reset_from_scan(blocks, scan_started=now, mark=mark)
             return removed
 
     def _run(self) -> None:
@@ -92,9 +100,14 @@ class Housekeeper:
             logger.exception("store directory scan failed")
         finally:
             self.first_scan_done.set()
-        if self._limiter is None or self._rescan_s <= 0:
-            return
-        while not self._stop.wait(self._rescan_s):
+        # Without a capacity limit scans only clean up temp files of writers that died, so they
+        # run once per grace period; rescan_s <= 0: only when asked for.
+        interval = self._rescan_s if self._limiter is not None else self._temp_grace_s
+        while not self._stop.is_set():
+            self._wake.wait(interval if interval > 0 else None)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.scan_once()
             except Exception:

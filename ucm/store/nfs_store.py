@@ -71,6 +71,8 @@ class UcmNfsStore(KVStoreBase):
         self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
+        if self._limiter is not None:
+            self._limiter.set_on_full(self._housekeeper.request_scan)
         self._housekeeper.start()
 
     # -- KVStoreBase ---------------------------------------------------------------------
@@ -139,12 +141,16 @@ class UcmNfsStore(KVStoreBase):
         present = self._engine.exists(paths)
         task.native_indices = [i for i, p in enumerate(present) if not p]
         new = task.native_indices
-        reserved = sum(file_size(len(views[i])) for i in new)
-        if self._limiter is not None and reserved:
-            evicted = self._limiter.reserve(reserved)
-            if evicted:
-                with self._lock:
-                    self._stats.evictions += evicted
+        over: list[int] = []
+        sizes = [file_size(len(views[i])) for i in new]
+        if self._limiter is not None and new:
+            evicted, fit = self._limiter.reserve(sizes)
+            new, over, sizes = new[:fit], new[fit:], sizes[:fit]
+            task.native_indices = new
+            with self._lock:
+                self._stats.evictions += evicted
+                self._stats.dump_over_capacity += len(over)
+        reserved = sum(sizes)
         try:
             task.native_id = self._engine.submit_write(
                 [keys[i] for i in new], [self._layout.temp_path(keys[i]) for i in new], [paths[i] for i in new],
@@ -154,7 +160,7 @@ class UcmNfsStore(KVStoreBase):
             if self._limiter is not None:
                 self._limiter.release(reserved)
             raise
-        task.context = _DumpContext(paths, [len(v) for v in views], reserved)
+        task.context = _DumpContext(paths, [len(v) for v in views], reserved, set(over))
         return task
 
     def wait(self, task: Task) -> list[bool]:
@@ -186,6 +192,8 @@ class UcmNfsStore(KVStoreBase):
         if self._closed:
             return
         self._closed = True
+        if self._limiter is not None and self._limiter.over_capacity():  # an overshoot not evicted yet
+            self._housekeeper.scan_once()
         self._housekeeper.stop()
         self._reap_abandoned()
         if self._abandoned:  # joining the IO threads would hang on the same IO
@@ -308,9 +316,10 @@ class UcmNfsStore(KVStoreBase):
             kept = sum(file_size(ctx.sizes[i]) for i, st in zip(task.native_indices, statuses) if st == IoStatus.OK)
             self._limiter.release(ctx.reserved, kept)
         submitted = set(task.native_indices)
-        results = [i not in submitted for i in range(len(task.keys))]  # stored already when dumped
+        # Not submitted: stored already when dumped, or over the capacity (not stored).
+        results = [i not in submitted and i not in ctx.over for i in range(len(task.keys))]
         written = written_bytes = 0
-        skipped = len(task.keys) - len(submitted)
+        skipped = len(task.keys) - len(submitted) - len(ctx.over)
         for i, status, err in zip(task.native_indices, statuses, errnos):
             path = ctx.paths[i]
             if status in (IoStatus.OK, IoStatus.EXISTS):
@@ -397,12 +406,13 @@ class _LoadContext:
 
 
 class _DumpContext:
-    __slots__ = ("paths", "sizes", "reserved")
+    __slots__ = ("paths", "sizes", "reserved", "over")
 
-    def __init__(self, paths: list[str], sizes: list[int], reserved: int):
+    def __init__(self, paths: list[str], sizes: list[int], reserved: int, over: set[int]):
         self.paths = paths
         self.sizes = sizes
         self.reserved = reserved
+        self.over = over  # positions not written: no room under the capacity
 
 
 def _view(buf: Buffer, i: int, what: str, writable: bool) -> memoryview:

@@ -92,3 +92,19 @@ def test_background_rescan_picks_up_other_writers(tmp_path, make_store):
     while watcher.used_bytes != 5 * FILE and time.monotonic() < deadline:
         time.sleep(0.02)
     assert watcher.used_bytes == 5 * FILE
+
+
+def test_a_dump_larger_than_the_capacity_is_cut_to_fit(make_store):
+    """One batch of more blocks than the store holds: the first that fit are stored, the rest are
+    refused (False, counted), and the limit holds."""
+    from ucm.store.block_format import file_size
+
+    size = 60 << 10
+    store = make_store(capacity_gb=4 * file_size(size) / (1 << 30))
+    keys = [key_of(900 + i) for i in range(10)]
+    ok = store.wait(store.dump(keys, [block_for(k, size) for k in keys], [1] * 10))
+    assert ok == [True] * 4 + [False] * 6
+    assert store.stats().dump_over_capacity == 6 and store.used_bytes <= 4 * file_size(size)
+    more = [key_of(950 + i) for i in range(2)]
+    assert store.wait(store.dump(more, [block_for(k, size) for k in more], [1] * 2)) == [True, True]
+    assert store.stats().evictions == 2

@@ -41,6 +41,7 @@ EVAL_RUNS = [
      "--chunk-store alone --out benchmarks/results/chunk_store_alone.json"),
 ]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
+FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py")
 
 
 def _ci(row: dict, key: str, fmt: str) -> str:
@@ -117,6 +118,34 @@ def headline() -> str:
     return "\n".join(rows)
 
 
+def faults_table(data: dict) -> str:
+    """One row per scenario of benchmarks/store_faults.py: what was done, what happened."""
+    c, k, x = data["concurrency"], data["sigkill"], data["corruption"]
+    cap, hot, root, f = data["capacity"], data["hot_blocks"], data["lost_root"], data["fifo_timeout"]
+    kinds = ", ".join(f"{n} {v}" for n, v in x["detected_by_kind"].items())
+    rows = [
+        ("concurrency", f"{c['processes']} processes x {c['seconds']} s on {c['keys']} shared keys",
+         f"{c['verified_loads']} verified loads, **{c['wrong_reads']} wrong**"),
+        ("SIGKILL mid-dump", f"{k['kills']} writers killed",
+         f"{k['visible_blocks']} visible blocks, **{k['torn_blocks']} torn**, "
+         f"{k['abandoned_temp_files']} temp files left"),
+        ("corruption", f"{x['corrupted']} blocks damaged ({kinds})",
+         f"**{x['detected']} detected, {x['served_wrong']} served**"),
+        ("capacity", f"{cap['writers']} processes write {cap['blocks_written']} blocks into {cap['capacity_blocks']}",
+         f"peak **{cap['peak_over_blocks']:.0f}** blocks over, **{cap['final_over_blocks']:.0f}** after"),
+        ("hot blocks", "read by one process while another evicts", f"**{hot['survived']} of {hot['hot']}** survive"),
+        ("lost root", "store directory deleted under an open store",
+         f"dump refused: {root['dump_refused']}, tree recreated: {root['tree_recreated']}"),
+        ("FIFO", "a FIFO at a block name", f"loads returned in {f['fifo_loads_returned_s']} s: {f['fifo_results']}"),
+        ("timeout", "a load that cannot finish in load_timeout_s",
+         f"returned in {f['timeout_load_returned_s']} s, {f['timed_out_blocks']} blocks missed, "
+         f"{f['timed_out_served']} served"),
+    ]
+    lines = ["| scenario | injected | outcome |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {o} |" for a, b, o in rows]
+    return "\n".join(lines)
+
+
 def results_page() -> str:
     out = ["# Results", "",
            "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
@@ -132,6 +161,10 @@ def results_page() -> str:
                 f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data), ""]
     else:
         out += ["(not run)", ""]
+    name, command = FAULTS_RUN
+    out += ["## Store under faults", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
+    path = RESULTS / name
+    out += [faults_table(json.loads(path.read_text())) if path.is_file() else "(not run)", ""]
     for name, title, command in EVAL_RUNS:
         out += [f"## {title}", "", f"`{command}`", ""]
         path = RESULTS / name

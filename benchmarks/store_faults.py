@@ -114,7 +114,7 @@ def _endless_writer(root: str, first: int, size: int) -> None:
         i += 4
 
 
-def sigkill(root: str, kills: int, size: int = 4 << 20) -> dict:
+def sigkill(root: str, kills: int, size: int = 1 << 20) -> dict:
     ctx = mp.get_context("spawn")
     for n in range(kills):
         p = ctx.Process(target=_endless_writer, args=(root, 1_000_000 * (n + 1), size))
@@ -324,7 +324,7 @@ def main() -> None:
     out = args.out or RESULTS / ("store_faults_quick.json" if q else "store_faults.json")
     scenarios = {
         "concurrency": lambda d: concurrency(d, procs=4 if q else 8, seconds=4 if q else 60),
-        "sigkill": lambda d: sigkill(d, kills=3 if q else 50),
+        "sigkill": lambda d: sigkill(d, kills=3 if q else 30),
         "corruption": lambda d: corruption(d, per_kind=3 if q else 30),
         "capacity": lambda d: capacity(d, writers=4, per_writer=24 if q else 96, capacity_blocks=16),
         "hot_blocks": lambda d: hot_blocks(d),

@@ -81,6 +81,7 @@ class WorkerSide:
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.totals = UCMConnectorStats()  # since start-up, logged at shutdown
         self._pending: list[_PendingDump] = []
+        self._dump_failure_logged = False
         self._failed_block_ids: set[int] = set()
         self._blend_step: BlendStep | None = None
         self._staging_buf: torch.Tensor | None = None
@@ -307,8 +308,11 @@ class WorkerSide:
             if block or self.store.check(p.task):
                 ok = self.store.wait(p.task)
                 failed = len(ok) - sum(ok)
-                if failed:
-                    logger.warning("%d of %d KV blocks could not be stored (see store statistics)", failed, len(ok))
+                if failed:  # a full store under capacity_gb refuses some on every step: say it once
+                    log = logger.debug if self._dump_failure_logged else logger.warning
+                    self._dump_failure_logged = True
+                    log("%d of %d KV blocks could not be stored (store full or failing: see the store's "
+                        "statistics; further occurrences are logged at debug level)", failed, len(ok))
             else:
                 still.append(p)
         self._pending = still

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -36,6 +35,8 @@ from typing import Any, ClassVar, TypeAlias
 import yaml
 
 from ucm.store.config import near_miss
+
+from ucm.sparse.blend.vocabulary import Selection, is_ratio
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,11 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_
 # "hkvd" is CacheBlend's deviation-only rule; "oracle" is a diagnostic, slower than full prefill:
 # it runs a full prefill first and ranks by what that shows (query_probe.oracle_layer_score), a
 # reference for how well a ranking could do at a given ratio.
-QUERY_SELECTION = "query"
-HKVD_SELECTION = "hkvd"
-ORACLE_SELECTION = "oracle"
-BLEND_SELECTIONS = (QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION)
+# (ucm/sparse/blend/vocabulary.py defines them; these are their public names.)
+QUERY_SELECTION = Selection.QUERY.label
+HKVD_SELECTION = Selection.HKVD.label
+ORACLE_SELECTION = Selection.ORACLE.label
+BLEND_SELECTIONS = Selection.labels()
 
 # Per-request parameters, in SamplingParams(extra_args={"kv_transfer_params": {...}}) or the OpenAI
 # server's `kv_transfer_params` (ucm_sparse_config.Blend.request_params says which are honoured):
@@ -256,15 +258,10 @@ class BlendConfig:
         layer_meta = _mapping(layer_meta, layer_path)
         _warn_unknown(layer_meta, {"ratio", "selection"}, layer_path)
         ratio = _require(layer_meta, "ratio", layer_path)
-        if (
-            isinstance(ratio, bool)
-            or not isinstance(ratio, (int, float))
-            or not math.isfinite(ratio)
-            or not 0 <= ratio <= 1
-        ):
+        if not is_ratio(ratio):
             raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
         selection = layer_meta.get("selection", QUERY_SELECTION)
-        if selection not in BLEND_SELECTIONS:
+        if Selection.parse(selection) is None:
             raise UCMConfigError(
                 f"{layer_path}.selection must be one of {', '.join(map(repr, BLEND_SELECTIONS))}, got {selection!r}"
             )

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ucm.config import BLEND_SELECTIONS, CHUNK_STORE_POLICIES, QUERY_SELECTION
+from ucm.sparse.blend.vocabulary import Selection, check_ratio
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, bootstrap_ci, normalize_answer, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
@@ -76,9 +77,8 @@ def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
     """"blend R" ranks by the question's attention per cost x deviation (the default), "hkvd R" by deviation alone
     (CacheBlend's rule), "oracle R" by a full prefill (diagnostic); ratio 0 ("full reuse") and 1 ("blend 1") rank
     nothing, so they are one mode."""
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"Blend ratio must be in [0, 1], got {ratio}")
-    if selection not in BLEND_SELECTIONS:
+    check_ratio(ratio, "Blend ratio")
+    if Selection.parse(selection) is None:
         raise ValueError(f"selection must be one of {', '.join(BLEND_SELECTIONS)}, got {selection!r}")
     if ratio == 0:
         return Mode("full reuse", 0.0)

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from enum import Enum
+from typing import NewType
 
 KEY_BYTES = 32
+
+# A block's name in the store (what lookup, load and dump take). Not a block hash: it also names
+# the model namespace and the kind.
+StoreKey = NewType("StoreKey", bytes)
 
 
 class KeyKind(bytes, Enum):
@@ -19,10 +24,10 @@ class KeyKind(bytes, Enum):
     CHUNK = b"c"  # KV of a chunk computed after other text, stored at chunk-local positions
 
 
-def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> bytes:
+def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> StoreKey:
     h = hashlib.blake2b(digest_size=KEY_BYTES)
     h.update(len(namespace).to_bytes(4, "little"))
     h.update(namespace)
     h.update(kind.value)
     h.update(block_hash)
-    return h.digest()
+    return StoreKey(h.digest())

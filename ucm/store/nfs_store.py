@@ -256,7 +256,7 @@ class UcmNfsStore(KVStoreBase):
             self._stats.dram_hits += len(task.served_from_dram)
         if not self._timeout_logged:
             self._timeout_logged = True
-            logger.warning("store load of %d blocks not done after load_timeout_s=%.1f s (hung or overloaded "
+            logger.warning("store load of %d blocks not done after load_timeout_s=%g s (hung or overloaded "
                            "mount?); they count as misses and are recomputed; further timeouts are only counted "
                            "in stats().load_timeouts", timed_out, self.config.load_timeout_s)
         return list(task.results)

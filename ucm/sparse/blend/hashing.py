@@ -26,7 +26,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NewType
 
 __all__ = [
     "HASH_ALGOS",
@@ -44,6 +44,9 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 _NON_CRYPTO_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 
 HashFn = Callable[[Any], bytes]
+# A block's hash in vLLM's prefix-cache hash space (vLLM's kv_cache_utils.BlockHash): exact
+# prefix blocks and chunk blocks alike; chunk blocks chain from NONE_HASH at their chunk's start.
+BlockHash = NewType("BlockHash", bytes)
 
 
 def _pickle(obj: Any) -> bytes:
@@ -120,13 +123,13 @@ def resolve_none_hash_seed(algo: str, seed: str | None = None) -> str:
 
 def hash_block_tokens(
     hash_fn: HashFn,
-    parent: bytes | None,
+    parent: BlockHash | None,
     tokens: Sequence[int],
     extra_keys: tuple[Any, ...] | None,
     none_hash: bytes,
-) -> bytes:
+) -> BlockHash:
     """One chained block hash; a falsy ``parent`` (None or b"") means the root."""
-    return hash_fn((parent or none_hash, _int_tuple(tokens), extra_keys))
+    return BlockHash(hash_fn((parent or none_hash, _int_tuple(tokens), extra_keys)))
 
 
 @dataclass(frozen=True)
@@ -180,19 +183,19 @@ class BlockHasher:
 
     def hash_block(
         self,
-        parent: bytes | None,
+        parent: BlockHash | None,
         tokens: Sequence[int],
         extra_keys: tuple[Any, ...] | None = None,
-    ) -> bytes:
+    ) -> BlockHash:
         """Hash of one block given its parent's hash (None for the first block)."""
         return hash_block_tokens(self._hash_fn, parent, tokens, extra_keys, self.none_hash)
 
     def prefix_hashes(
         self,
         tokens: Sequence[int],
-        parent: bytes | None = None,
+        parent: BlockHash | None = None,
         extra_keys: Sequence[tuple[Any, ...] | None] | None = None,
-    ) -> list[bytes]:
+    ) -> list[BlockHash]:
         """Hashes of the full blocks of ``tokens`` (vLLM's ``Request.block_hashes``).
 
         ``parent`` continues an existing chain; ``extra_keys`` gives one entry
@@ -205,14 +208,14 @@ class BlockHasher:
             raise ValueError(
                 f"extra_keys has {len(extra_keys)} entries for {num_blocks} full blocks"
             )
-        out: list[bytes] = []
+        out: list[BlockHash] = []
         for i in range(num_blocks):
             keys = None if extra_keys is None else extra_keys[i]
             parent = self.hash_block(parent, toks[i * bs : (i + 1) * bs], keys)
             out.append(parent)
         return out
 
-    def chunk_hashes(self, tokens: Sequence[int], isolation: IsolationKeys | None = None) -> list[bytes]:
+    def chunk_hashes(self, tokens: Sequence[int], isolation: IsolationKeys | None = None) -> list[BlockHash]:
         """Keys of a chunk's stored KV: its prefix hashes plus a trailing partial one.
 
         Rooted like a prompt of the same tenant and adapter (``isolation``), so a

@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from ucm.sparse.blend.vocabulary import check_ratio
+
 __all__ = [
     "token_deviation",
     "num_to_select",
@@ -51,7 +53,7 @@ def num_to_select(ratio: float, num_candidates: int) -> int:
     recomputes at least one token of a request that has candidates, so short
     chunks are never left completely stale. ratio 0 -> none, 1 -> all.
     """
-    _check_ratio(ratio)
+    check_ratio(ratio)
     return min(num_candidates, max(0, math.ceil(ratio * num_candidates - 1e-6)))
 
 
@@ -142,11 +144,6 @@ def compute_mask(
     return (hkvd & cache_hit) | ~cache_hit | suffix | ~blending
 
 
-def _check_ratio(ratio: float) -> None:
-    if not (0.0 <= ratio <= 1.0):  # also rejects NaN
-        raise ValueError(f"ratio must be in [0, 1], got {ratio}")
-
-
 def _ratios(ratio: float | torch.Tensor, num_segments: int, device: torch.device) -> torch.Tensor:
     if isinstance(ratio, torch.Tensor):
         if ratio.shape != (num_segments,):
@@ -157,5 +154,5 @@ def _ratios(ratio: float | torch.Tensor, num_segments: int, device: torch.device
         if not bool(((r >= 0) & (r <= 1)).all()):
             raise ValueError("per-request ratios must be in [0, 1]")
         return r
-    _check_ratio(float(ratio))
+    check_ratio(float(ratio))
     return torch.full((num_segments,), float(ratio), dtype=torch.float64, device=device)

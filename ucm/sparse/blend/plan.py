@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ucm.sparse.blend.chunking import ChunkLayout, Span
-from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
+from ucm.sparse.blend.hashing import BlockHash, BlockHasher, IsolationKeys
 from ucm.store.keys import KeyKind
 
 # (kind, block hashes) -> hit per hash
-LookupFn = Callable[[KeyKind, Sequence[bytes]], list[bool]]
+LookupFn = Callable[[KeyKind, Sequence[BlockHash]], list[bool]]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class ChunkBlock:
     `skip` leading tokens are already covered by the exact prefix and are not written.
     """
 
-    block_hash: bytes
+    block_hash: BlockHash
     chunk_start: int
     tokens: Span
     kind: KeyKind | None  # where it was found; None: a miss, computed in this request
@@ -75,7 +75,7 @@ class BlendPlan:
 
 
 def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher,
-                 isolation: IsolationKeys | None = None) -> list[tuple[bytes, int, Span]]:
+                 isolation: IsolationKeys | None = None) -> list[tuple[BlockHash, int, Span]]:
     """(hash, chunk start, prompt span) of every block of every chunk, partial tails included."""
     out = []
     bs = hasher.block_size

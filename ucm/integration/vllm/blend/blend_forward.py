@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.config import BLEND_SELECTIONS, ORACLE_SELECTION, QUERY_SELECTION
 from ucm.integration.vllm.blend.lora_rows import LoraRows, within
 from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
@@ -33,12 +32,10 @@ from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
                                           query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
+from ucm.sparse.blend.vocabulary import Selection
 
 logger = logging.getLogger(__name__)
 
-# BlendStep.selection codes of the rules ranked here ("hkvd" is the fallback of the others).
-_QUERY = BLEND_SELECTIONS.index(QUERY_SELECTION)
-_ORACLE = BLEND_SELECTIONS.index(ORACLE_SELECTION)
 
 
 def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
@@ -70,9 +67,9 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     ratios = batch.ratios
     ranked = (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
     question = probe_query_mask(loaded, segment, num_reqs) & (positions < batch.question_end[segment])
-    queries = question & (ranked & (batch.rules == _QUERY))[segment]
+    queries = question & (ranked & (batch.rules == Selection.QUERY))[segment]
     probed = _requests_with(queries, segment, num_reqs)
-    oracle_queries = question & (ranked & (batch.rules == _ORACLE))[segment]
+    oracle_queries = question & (ranked & (batch.rules == Selection.ORACLE))[segment]
     oracled = _requests_with(oracle_queries, segment, num_reqs)
     oracle = None
     if bool(oracled.any()):  # diagnostic: before anything below touches the cache
@@ -168,7 +165,7 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
     rules = torch.full((num_reqs,), -1, dtype=torch.long, device=device)
     question_end = torch.full((num_reqs,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
     for i, region in regions.items():
-        ratios[i], rules[i], question_end[i] = region.ratio, region.selection, region.question_end
+        ratios[i], rules[i], question_end[i] = region.ratio, int(region.selection), region.question_end
     num_rows = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]  # padding included
     hidden = inputs_embeds[:n] if inputs_embeds is not None else model.embed_input_ids(input_ids[:n])
     counts = qsl[1:] - qsl[:-1]

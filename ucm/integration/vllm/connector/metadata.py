@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from ucm.config import QUERY_SELECTION
+from ucm.store.keys import StoreKey
 
 
 @dataclass
@@ -19,7 +20,7 @@ class BlockLoad:
     `rope_delta` rotates K from the block's stored positions to its place in this prompt.
     """
 
-    key: bytes
+    key: StoreKey
     start: int
     num_tokens: int
     rope_delta: int = 0
@@ -30,7 +31,7 @@ class BlockLoad:
 class BlockDump:
     """Prompt positions [start, start + num_tokens) stored under `key`, K rotated by -rope_delta."""
 
-    key: bytes
+    key: StoreKey
     start: int
     num_tokens: int
     rope_delta: int = 0

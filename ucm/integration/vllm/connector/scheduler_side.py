@@ -26,6 +26,7 @@ from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
+from ucm.sparse.blend.vocabulary import Selection, is_ratio
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ class SchedulerSide:
 
     def _ratio(self, request: Request, params: dict) -> float:
         ratio = params.get(RATIO_PARAM, self.blend.ratio)
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        if not is_ratio(ratio):
             logger.warning("request %s: %s must be a number in [0, 1], got %r; using %s",
                            request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
             return self.blend.ratio
@@ -364,7 +365,7 @@ class SchedulerSide:
 
     def _selection(self, request: Request, params: dict) -> str:
         selection = params.get(SELECTION_PARAM, self.blend.selection)
-        if selection not in BLEND_SELECTIONS:
+        if Selection.parse(selection) is None:
             logger.warning("request %s: %s must be one of %s, got %r; using %r", request.request_id, SELECTION_PARAM,
                            ", ".join(BLEND_SELECTIONS), selection, self.blend.selection)
             return self.blend.selection

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots_for_positions
-from ucm.config import BLEND_SELECTIONS
+from ucm.sparse.blend.vocabulary import Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
@@ -46,7 +46,7 @@ class RegionRows:
     token_ids: torch.Tensor  # [m]
     slots: torch.Tensor  # [m]
     ratio: float
-    selection: int  # index in BLEND_SELECTIONS
+    selection: Selection  # the rule ranking this request's loaded tokens
     question_end: int  # probe queries come from rows before this position
 
 
@@ -206,7 +206,7 @@ class WorkerSide:
         slots = self._slots(req, region.start, n + 1).to(self._device)  # and the first scheduled token's
         return RegionRows(int(slots[-1]), torch.arange(region.start, region.end, device=self._device),
                           torch.tensor(region.token_ids, dtype=torch.long, device=self._device), slots[:n],
-                          region.ratio, BLEND_SELECTIONS.index(region.selection), region.question_end)
+                          region.ratio, Selection.parse(region.selection), region.question_end)
 
     def _count_load(self, block: torch.Tensor) -> None:
         self.stats.add("loaded_blocks")

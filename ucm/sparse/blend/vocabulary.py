@@ -1,0 +1,50 @@
+"""Blend's vocabulary: the selection rules and the ratio, named and checked in one place.
+
+The configuration, per-request parameters, the scheduler, the forward and the benchmarks all
+speak of the same two things: which rule ranks the loaded tokens a request recomputes, and what
+share of them it recomputes.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+
+class Selection(enum.IntEnum):
+    """How the loaded tokens to recompute are ranked. The value is the code the forward's
+    per-request tensors carry; the public name (config, requests) is `label`."""
+
+    QUERY = 0  # deviation weighted by the attention the question pays each token (query_probe.py)
+    HKVD = 1  # deviation alone: CacheBlend's rule (hkvd.py)
+    ORACLE = 2  # diagnostic: ranks by a full prefill run first (costs one on top)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, name: Any) -> Selection | None:
+        """The rule called `name`, or None if there is none."""
+        return next((s for s in cls if s.label == name), None)
+
+    @classmethod
+    def labels(cls) -> tuple[str, ...]:
+        return tuple(s.label for s in cls)
+
+
+DEFAULT_SELECTION = Selection.QUERY
+
+
+def is_ratio(value: Any) -> bool:
+    """A recompute ratio: a real number (not a bool) in [0, 1]."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and 0 <= value <= 1)
+
+
+def check_ratio(value: Any, what: str = "ratio") -> float:
+    """`value` as a ratio, or ValueError naming `what`."""
+    if not is_ratio(value):
+        raise ValueError(f"{what} must be a number in [0, 1], got {value!r}")
+    return float(value)

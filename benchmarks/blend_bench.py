@@ -4,7 +4,7 @@ One engine (UCM connector, Blend) serves every mode; per question the passages a
 prefilled one by one (the indexing step that stores each chunk), then the whole prompt is
 answered by full prefill and by Blend at each ratio, one request at a time, back to back, with
 vLLM's prefix cache emptied and the store's exact prefix unused before each, so no earlier request
-serves them (see ucm/eval/blend_eval.py).
+serves them (see ucm/eval/__init__.py).
 
     python benchmarks/blend_bench.py                           # full prefill, Blend 0.15, full reuse
     python benchmarks/blend_bench.py --sweep                   # ratios 0 .. 1 -> JSON (+ PNG)
@@ -28,10 +28,11 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-from ucm.eval.blend_eval import (  # noqa: E402
-    SWEEP_RATIOS, TABLE_NOTES, BlendEvaluator, Mode, ModeSummary, add_run_args, blend_mode, check_run_args,
-    examples_and_model, format_counters, format_tables, modes_for, parse_ratios, run_on_engine, run_questions,
-    run_store, summarize, unexpected_reports, write_results_json)
+from ucm.eval.modes import SWEEP_RATIOS, blend_mode, Mode, modes_for, parse_ratios  # noqa: E402
+from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
+from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
+from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeSummary, summarize, unexpected_reports,  # noqa: E402
+                              write_results_json)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"

@@ -50,7 +50,7 @@ def _ci(row: dict, key: str, fmt: str) -> str:
 
 
 def eval_table(data: dict) -> str:
-    """One row per mode of a blend_eval run (main job or blend_bench)."""
+    """One row per mode of a ucm.eval run (main job or blend_bench)."""
     lines = ["| mode | median TTFT | speed-up | F1 vs full-prefill answer | same answer | F1 vs gold minus full's |",
              "|---|---|---|---|---|---|"]
     for row in data["summary"]:

@@ -12,8 +12,11 @@ Per question, one engine: every passage is first prefilled on its own (the index
 stores each chunk's KV), then the whole prompt is answered three times, one request at a time:
 by full prefill, by Blend at --ratio, and by full reuse (ratio 0). Before each answer vLLM's prefix
 cache is emptied and the request leaves the store's exact prefix unused, so no answer is served
-from an earlier one; Blend reuses chunk KV only. vLLM logs at WARNING
-level unless VLLM_LOGGING_LEVEL says otherwise.
+from an earlier one; Blend reuses chunk KV only.
+
+Output: a progress bar with each question's answers above it (-q: the bar alone), then the tables.
+vLLM logs at WARNING level and Python's deprecation warnings are hidden unless -v (or
+VLLM_LOGGING_LEVEL / PYTHONWARNINGS say otherwise).
 """
 
 from __future__ import annotations
@@ -23,12 +26,22 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
+# Before vLLM is imported (the engine processes inherit the environment): the bar and the tables
+# are what a user runs this for.
+VERBOSE = any(a in ("-v", "--verbose") for a in sys.argv[1:])
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if VERBOSE else "WARNING")
+if not VERBOSE:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
+    warnings.simplefilter("ignore", DeprecationWarning)
+    warnings.simplefilter("ignore", FutureWarning)
 
-from ucm.eval.blend_eval import (TABLE_NOTES, BlendEvaluator, add_run_args, check_run_args, examples_and_model,  # noqa: E402
-                                 format_counters, format_tables, modes_for, run_on_engine, run_questions, run_store,
-                                 summarize, unexpected_reports, write_results_json)
+from ucm.eval.modes import modes_for  # noqa: E402
+from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
+from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
+from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summarize, unexpected_reports,  # noqa: E402
+                              write_results_json)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_args(p, num_questions=4, passages=6, passage_words=250)
     p.add_argument("--keep-store", action="store_true", help="keep the temporary store directory")
     p.add_argument("-q", "--quiet", action="store_true", help="do not print each question's answers")
+    p.add_argument("-v", "--verbose", action="store_true", help="vLLM's INFO logs and Python's warnings too")
     p.add_argument("--out", default=None, help="also write the run as JSON (summary and every answer) to this file")
     args = p.parse_args(argv)
     check_run_args(p, args)

@@ -11,10 +11,11 @@ import tempfile
 
 import pytest
 
-from ucm.eval.blend_eval import (FULL_PREFILL, Measurement, add_run_args, check_run_args, format_cache_table,
-                                 format_counters, format_interval_table, format_table, format_tables,
-                                 indexing_prompts, modes_for, parse_ratios, parse_selections, run_store,
-                                 store_capacity_gb, summarize, unexpected_reports)
+from ucm.eval.modes import FULL_PREFILL, modes_for, parse_ratios, parse_selections
+from ucm.eval.engine import add_run_args, check_run_args, run_store, store_capacity_gb
+from ucm.eval.measure import indexing_prompts, Measurement
+from ucm.eval.summary import (format_cache_table, format_counters, format_interval_table, format_table, format_tables,
+                              summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
 from ucm.eval.metrics import best_f1, bootstrap_ci, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
@@ -94,7 +95,7 @@ def test_prompt_chunks_are_position_independent(model_dir):
     assert a.token_ids[start_a:start_a + n] == b.token_ids[start_b:start_b + n]
 
 
-# ---- ucm.eval.blend_eval: modes, indexing prompts and the summary (no engine) ----------------------
+# ---- ucm.eval: modes, indexing prompts and the summary (no engine) --------------------------------
 
 
 def test_modes_and_ratios():
@@ -140,7 +141,7 @@ def test_store_is_capped_for_temporary_stores_only(tmp_path):
 
 SIGTERM_SCRIPT = """
 import argparse, os, signal, sys
-from ucm.eval.blend_eval import run_store
+from ucm.eval.engine import run_store
 args = argparse.Namespace(store_dir=None, store_capacity_gb=None)
 with run_store(args, "ucm-test-store-") as store:
     open(os.path.join(store.path, "block"), "wb").write(b"x" * 1024)
@@ -230,7 +231,7 @@ def test_summary_medians_speedup_quality_and_counters():
 def test_check_fits_warns_and_leaves_out_prompts_too_long():
     from types import SimpleNamespace
 
-    from ucm.eval.blend_eval import BlendEvaluator
+    from ucm.eval.measure import BlendEvaluator
     from ucm.eval.datasets import QAExample
 
     class Tok:  # one token per word

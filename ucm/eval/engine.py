@@ -1,0 +1,180 @@
+"""Engines and stores for an evaluation run: arguments, the Blend engine, a store directory per run."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ucm.config import CHUNK_STORE_POLICIES, QUERY_SELECTION
+from ucm.store.config import GB
+from ucm.eval.modes import DEFAULT_RATIO, parse_selections
+
+
+def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A parser raising ValueError, as an argparse type (whose error message argparse shows)."""
+    import argparse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return convert
+
+
+def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
+                 selections: Sequence[str] = (QUERY_SELECTION,)) -> None:
+    """Options the main job and the benchmark share (their defaults differ)."""
+    p.add_argument("--num-questions", type=int, default=num_questions)
+    p.add_argument("--passages", type=int, default=passages,
+                   help=f"passages per generated question (default {passages})")
+    p.add_argument("--passage-words", type=int, default=passage_words,
+                   help=f"words per generated passage (default {passage_words})")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
+                   help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
+    p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
+                   help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
+                        "of the question per cost x deviation, the default rule), 'hkvd' (deviation alone, "
+                        "CacheBlend's rule) and/or 'oracle' (a diagnostic ranking from a full prefill run "
+                        f"first, a reference for the others; its TTFT is not Blend's) (default {','.join(selections)})")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="model and KV dtype (default: float32 on CPU, the model's own elsewhere); on CPUs with AMX, "
+                        "bfloat16 prefill is about 3x faster than float32")
+    p.add_argument("--chunk-store", choices=CHUNK_STORE_POLICIES, default="any",
+                   help="which missed chunks the store keeps: 'any' (as first computed, after whatever text came "
+                        "before), 'alone' (only chunks computed with nothing before them; the passages are then "
+                        "indexed alone) (default any)")
+    p.add_argument("--store-capacity-gb", type=float, default=None,
+                   help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
+                        "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "
+                        "prompts writes about 0.5 GiB per question")
+
+
+def check_run_args(p, args) -> None:
+    if not 0.0 <= args.ratio <= 1.0:
+        p.error("--ratio must be in [0, 1]")
+    if args.num_questions < 1:
+        p.error("--num-questions must be at least 1")
+    if args.store_capacity_gb is not None and not args.store_capacity_gb > 0:
+        p.error("--store-capacity-gb must be positive")
+
+
+def examples_and_model(args) -> tuple[list, str]:
+    """The data set and model directory of a command-line run (the embedded model unless --model).
+
+    A bad data set ends the program with its error and exit status 2, before anything slow starts.
+    """
+    from ucm.eval.datasets import DatasetError, load_dataset
+
+    try:
+        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
+                                passages_per_example=args.passages, passage_words=args.passage_words)
+    except DatasetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    if args.model:
+        return examples, args.model
+    from ucm.models import prepare
+
+    return examples, str(prepare())
+
+
+def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
+                   capacity_gb: float | None = None, chunk_store: str | None = None, **overrides: Any):
+    """One engine for every mode: the ratio is overridden per request.
+
+    max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
+    fits any budget (docs/serving.md). TTFT comes from vLLM's request metrics, which need stats
+    logging on.
+    """
+    from ucm.integration.vllm.llm import make_llm, ucm_transfer_config
+
+    kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
+    kwargs.update(overrides)
+    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb,
+                                                                  chunk_store=chunk_store), **kwargs)
+
+
+@dataclass
+class RunStore:
+    path: str
+    temporary: bool
+    capacity_gb: float | None
+
+
+def bfloat16_note(dtype: str | None) -> str | None:
+    """A hint when a float32 CPU run leaves a faster dense baseline unmeasured: with AMX or
+    AVX512-BF16, bfloat16 prefill measured 1.4x (AVX512-BF16) to 3x (AMX) faster than float32."""
+    import torch
+
+    from ucm.integration.vllm.llm import is_cpu_platform
+
+    if dtype not in (None, "float32") or not is_cpu_platform():
+        return None
+    if not (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
+        return None
+    return ("note:  this CPU computes bfloat16 natively (AMX or AVX512-BF16): dense bfloat16 prefill may be "
+            "faster than this float32 baseline; compare with --dtype bfloat16")
+
+
+def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
+    """fn(llm) on a Blend engine for a command-line run, stopped afterwards whatever happens."""
+    from ucm.integration.vllm.llm import shutdown
+
+    note = bfloat16_note(args.dtype)
+    if note:
+        print(note, flush=True)
+    dtype = {"dtype": args.dtype} if args.dtype else {}
+    llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
+                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, **dtype)
+    try:
+        return fn(llm)
+    finally:
+        shutdown(llm)
+
+
+@contextlib.contextmanager
+def run_store(args, prefix: str, keep: bool = False):
+    """The store of a command-line run: --store-dir, else a temporary directory removed at the end.
+
+    SIGTERM (`timeout`, `kill`) ends the run through the same clean-up, so a stopped run does not
+    leave gigabytes of KV behind (SIGKILL still does).
+    """
+    temporary = args.store_dir is None
+    path = args.store_dir or tempfile.mkdtemp(prefix=prefix)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
+    try:
+        yield RunStore(path, temporary, store_capacity_gb(args, path, temporary))
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        if temporary and not keep:
+            shutil.rmtree(path, ignore_errors=True)
+            print(f"removed the temporary store {path}", flush=True)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def store_capacity_gb(args, store_dir: str, temporary: bool) -> float | None:
+    """The store cap of a command-line run: --store-capacity-gb, else half the free space for a temporary store.
+
+    Every question writes its chunks and its full-prefill blocks (about 0.5 GiB at 6k tokens on the
+    embedded model); without a cap a long run fills the disk, after which nothing more is stored
+    and every later question falls back to full computation (with a warning per request).
+    """
+    if args.store_capacity_gb is not None or not temporary:
+        return args.store_capacity_gb
+    return shutil.disk_usage(store_dir).free / 2 / GB

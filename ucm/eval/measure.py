@@ -1,0 +1,223 @@
+"""Measuring the modes on questions: indexing, one timed request per mode, what the cache did."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ucm.eval.datasets import QAExample
+from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
+from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
+from ucm.eval.modes import Mode, REPORT_KEY
+
+
+@dataclass
+class Measurement:
+    question: int  # index in the data set
+    mode: str
+    ratio: float | None
+    prompt_tokens: int
+    ttft_s: float
+    ttft_source: str  # "metrics" (vLLM's first_token_latency) or "wall" (generate() wall time)
+    text: str
+    answer: str  # short_answer(text): what F1 scores
+    f1_gold: float
+    f1_vs_full: float | None = None  # None for full prefill itself
+    agrees_with_full: bool | None = None
+    report: dict = field(default_factory=dict)  # kv_transfer_params["ucm"]
+    counters: dict = field(default_factory=dict)  # the connector's statistics counters during the request
+
+    @property
+    def blended(self) -> bool:
+        return bool(self.report.get("blended"))
+
+
+@dataclass
+class QuestionResult:
+    question: int
+    prompt_tokens: int
+    index_s: float  # wall time of the indexing step (all passages, batched)
+    index_reports: list[dict]
+    measurements: list[Measurement]
+
+
+def indexing_prompts(prompt: ChunkedPrompt, alone: bool = False) -> list[list[int]]:
+    """``[system][passage i]`` (or ``[passage i]`` alone) for every passage of a built prompt,
+    ending with the chunk marker.
+
+    The chunk tokens are cut from the prompt itself, so they are the tokens the prompt's chunk
+    hashes are computed from. Under the "alone" chunk-store policy only chunks with nothing before
+    them are stored, so the passages are indexed alone.
+    """
+    bounds, start = [], 0
+    for n in prompt.chunk_lengths:
+        bounds.append((start, start + n))
+        start += n
+    system = [] if alone else prompt.token_ids[bounds[0][0]:bounds[0][1]]
+    return [system + prompt.token_ids[a:b] for a, b in bounds[1:]]
+
+
+class BlendEvaluator:
+    """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
+
+    def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
+                 index_alone: bool = False):
+        self.llm = llm
+        self.index_alone = index_alone  # index passages alone (the "alone" chunk-store policy)
+        self.max_tokens = max_tokens
+        self.tokenizer = llm.get_tokenizer()
+        self.marker = chunk_end_token_id(self.tokenizer)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.wall_fallbacks = 0
+
+    def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
+               disable_blend: bool = False, selection: str | None = None):
+        from vllm import SamplingParams
+
+        kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
+        if disable_blend:
+            kv["ucm_disable_blend"] = True
+        if ratio is not None:
+            kv["ucm_blend_ratio"] = ratio
+        if selection is not None:
+            kv["ucm_blend_selection"] = selection
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args={"kv_transfer_params": kv})
+
+    def build(self, example: QAExample) -> ChunkedPrompt:
+        return build_prompt(self.tokenizer, example, self.marker)
+
+    def index(self, prompt: ChunkedPrompt) -> tuple[float, list[dict]]:
+        """Store every chunk of the prompt (batched; these requests blend only the system chunk)."""
+        system = 0 if self.index_alone else prompt.chunk_lengths[0]
+        prompts = [{"prompt_token_ids": ids} for ids in indexing_prompts(prompt, self.index_alone)]
+        params = [self.params(1, [n for n in (system, len(p["prompt_token_ids"]) - system) if n])
+                  for p in prompts]
+        start = time.perf_counter()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start, [report_of(o) for o in outs]
+
+    def forget_local_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not empty its prefix cache (requests still running?)")
+
+    def counters(self) -> dict[str, float]:
+        """The connector's cumulative statistics counters (empty when vLLM's stats logging is off)."""
+        from ucm.integration.vllm.connector.stats import ucm_counters
+
+        try:
+            return ucm_counters(self.llm.get_metrics())
+        except AssertionError:  # LLMEngine.get_metrics asserts that stats logging is on
+            return {}
+
+    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict]:
+        """(answer text, TTFT in s, TTFT source, connector report, counter deltas) of one request alone."""
+        prompt = {"prompt_token_ids": chunked.token_ids}
+        self.forget_local_prefix_cache()
+        params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
+                             selection=mode.selection)
+        before = self.counters()
+        out = self.llm.generate([prompt], params, use_tqdm=False)[0]
+        after = self.counters()
+        deltas = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+        ttft = getattr(getattr(out, "metrics", None), "first_token_latency", None)
+        if ttft:
+            return out.outputs[0].text, float(ttft), "metrics", report_of(out), deltas
+        # No request metrics (stats logging off): time a one-token request instead, as cold as
+        # the first one.
+        self.wall_fallbacks += 1
+        self.forget_local_prefix_cache()
+        one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
+                          selection=mode.selection)
+        start = time.perf_counter()
+        self.llm.generate([prompt], one, use_tqdm=False)
+        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out), deltas
+
+    def run_question(self, qi: int, example: QAExample, modes: Sequence[Mode],
+                     on_measurement: Callable[[Measurement], None] | None = None) -> QuestionResult:
+        prompt = self.build(example)
+        index_s, index_reports = self.index(prompt)
+        measurements: list[Measurement] = []
+        full: Measurement | None = None
+        for mode in modes:
+            text, ttft, source, report, counters = self.ask(prompt, mode)
+            answer = short_answer(text)
+            m = Measurement(qi, mode.name, mode.ratio, len(prompt.token_ids), ttft, source, text, answer,
+                            best_f1(answer, list(example.answers)), report=report, counters=counters)
+            if mode.is_full:
+                full = m
+            elif full is not None:
+                m.f1_vs_full = token_f1(answer, full.answer)
+                m.agrees_with_full = normalize_answer(answer) == normalize_answer(full.answer)
+            measurements.append(m)
+            if on_measurement is not None:
+                on_measurement(m)
+        return QuestionResult(qi, len(prompt.token_ids), index_s, index_reports, measurements)
+
+    def warm_up(self, example: QAExample, modes: Sequence[Mode]) -> None:
+        """One small question through every code path (first calls pay for lazy set-up)."""
+        self.run_question(-1, example, modes)
+
+    def check_fits(self, examples: Sequence[QAExample]) -> tuple[list[tuple[int, QAExample]], list[str]]:
+        """(index, example) of the questions that fit the engine, and a warning for each problem.
+
+        Prompts longer than max_num_batched_tokens are kept with a warning (full prefill, the
+        baseline, then takes several steps); prompts that leave no room for the answer in
+        max_model_len would fail the engine (left out).
+        """
+        kept, warnings = [], []
+        max_model_len = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None)
+        for i, ex in enumerate(examples):
+            n = len(self.build(ex).token_ids)
+            if isinstance(max_model_len, int) and n + self.max_tokens > max_model_len:
+                warnings.append(f"question {i}: prompt of {n} tokens + {self.max_tokens} answer tokens exceeds "
+                                f"max_model_len={max_model_len}; left out")
+                continue
+            if self.max_num_batched_tokens is not None and n > self.max_num_batched_tokens:
+                warnings.append(f"question {i}: prompt of {n} tokens exceeds max_num_batched_tokens="
+                                f"{self.max_num_batched_tokens}; its full prefill (the baseline) is split "
+                                "over several steps")
+            kept.append((i, ex))
+        return kept, warnings
+
+
+def run_questions(evaluator: BlendEvaluator, examples: Sequence[QAExample], modes: Sequence[Mode], *,
+                  warm_up: bool = True, desc: str = "answering", unit: str = "answer",
+                  on_measurement: Callable[[Measurement], None] | None = None,
+                  on_question: Callable[[QuestionResult, QAExample], None] | None = None,
+                  ) -> tuple[list[QuestionResult], dict[str, float]]:
+    """Every question that fits the engine, under a progress bar; (results, run-wide counters).
+
+    Callbacks that print should use tqdm.write, which keeps the bar intact.
+    """
+    from tqdm import tqdm
+
+    from ucm.eval.datasets import generate_synthetic
+
+    questions, warnings = evaluator.check_fits(examples)
+    for line in warnings:
+        print(f"WARNING: {line}", flush=True)
+    if warm_up:
+        print("warming up the engine on a small generated question ...", flush=True)
+        evaluator.warm_up(generate_synthetic(num_examples=1, passages_per_example=2, passage_words=60,
+                                             seed=12345)[0], modes)
+    results = []
+    with tqdm(total=len(questions) * len(modes), unit=unit, desc=desc, dynamic_ncols=True) as bar:
+        def progress(m: Measurement) -> None:
+            bar.set_postfix_str(f"{m.mode}: TTFT {m.ttft_s:.2f}s")
+            bar.update()
+            if on_measurement is not None:
+                on_measurement(m)
+
+        for qi, ex in questions:
+            bar.set_description(f"question {qi + 1}/{len(examples)}")
+            result = evaluator.run_question(qi, ex, modes, on_measurement=progress)
+            results.append(result)
+            if on_question is not None:
+                on_question(result, ex)
+    return results, evaluator.counters()
+
+
+def report_of(out) -> dict:
+    return dict((getattr(out, "kv_transfer_params", None) or {}).get(REPORT_KEY) or {})

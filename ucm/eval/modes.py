@@ -1,0 +1,80 @@
+"""What the evaluation compares: full prefill and Blend at each ratio and selection rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
+from ucm.sparse.blend.vocabulary import Selection, check_ratio
+
+
+
+DEFAULT_CHECK_LAYER = "model.layers.1.self_attn.attn"
+DEFAULT_RATIO = 0.15
+SWEEP_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+REPORT_KEY = "ucm"  # RequestOutput.kv_transfer_params[REPORT_KEY]: what the cache did
+
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    ratio: float | None  # None: full prefill (Blend disabled for the request)
+    selection: str | None = None  # how Blend ranks the tokens it recomputes; None: ratio 0 or 1 (no ranking)
+
+    @property
+    def is_full(self) -> bool:
+        return self.ratio is None
+
+
+FULL_PREFILL = Mode("full prefill", None)
+
+
+def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
+    """"blend R" ranks by the question's attention per cost x deviation (the default), "hkvd R" by deviation alone
+    (CacheBlend's rule), "oracle R" by a full prefill (diagnostic); ratio 0 ("full reuse") and 1 ("blend 1") rank
+    nothing, so they are one mode."""
+    check_ratio(ratio, "Blend ratio")
+    if Selection.parse(selection) is None:
+        raise ValueError(f"selection must be one of {', '.join(BLEND_SELECTIONS)}, got {selection!r}")
+    if ratio == 0:
+        return Mode("full reuse", 0.0)
+    if ratio == 1:
+        return Mode("blend 1", 1.0)
+    prefix = "blend" if selection == QUERY_SELECTION else selection
+    return Mode(f"{prefix} {ratio:g}", float(ratio), selection)
+
+
+def modes_for(ratios: Iterable[float], selections: Iterable[str] = (QUERY_SELECTION,)) -> list[Mode]:
+    """Full prefill (the reference every other mode is compared with) first, then each ratio
+    for each selection rule."""
+    modes = [FULL_PREFILL]
+    for selection in selections:
+        for r in ratios:
+            m = blend_mode(r, selection)
+            if m not in modes:
+                modes.append(m)
+    return modes
+
+
+def parse_selections(text: str) -> list[str]:
+    """'query,hkvd' -> ['query', 'hkvd'] (argparse type; any of BLEND_SELECTIONS)."""
+    selections = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in selections if x not in BLEND_SELECTIONS]
+    if bad or not selections:
+        raise ValueError(f"selections must be a comma-separated list of {', '.join(BLEND_SELECTIONS)}, got {text!r}")
+    return selections
+
+
+def parse_ratios(text: str) -> list[float]:
+    """'0,0.15,1' -> [0.0, 0.15, 1.0] (argparse type)."""
+    try:
+        ratios = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ValueError(f"ratios must be comma-separated numbers, got {text!r}") from exc
+    for r in ratios:
+        blend_mode(r)
+    if not ratios:
+        raise ValueError("no ratio given")
+    return ratios

@@ -25,7 +25,7 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
     assert_same(blended, run(plain_llm, b))
 
 
-@pytest.mark.parametrize("selection", ["query", "hkvd", "oracle"])
+@pytest.mark.parametrize("selection", ["query", "hkvd", "oracle", "key_l1", "key_l2", "chunk_start"])
 def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection):
     """Reloading a prompt's own KV at its own positions is exact, so recomputing any 30% of its
     tokens must reproduce full prefill: this checks the delta-RoPE round trip, the subset pass's

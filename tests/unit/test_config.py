@@ -264,7 +264,7 @@ ERROR_CASES = [
     (_set(RATIO, float("nan")), f"{RATIO_PATH} must be a number in [0, 1], got nan"),
     (
         _set((*META, LAYER, "selection"), "attention"),
-        f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', got 'attention'",
+        f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', 'key_l1', 'key_l2', 'chunk_start', got 'attention'",
     ),
 ]
 
@@ -449,3 +449,16 @@ def test_validate_for_model_rejects_a_token_outside_the_vocabulary(vocab_size):
 def test_direct_construction_checks_layer_name_and_index_agree():
     with pytest.raises(UCMConfigError, match="does not match check_layer 2"):
         BlendConfig(2, LAYER, 2, 0.2)
+
+
+def test_chunk_start_tokens_is_a_positive_int():
+    from ucm.config import BlendConfig, UCMConfigError
+
+    layer = "model.layers.1.self_attn.attn"
+    ok = BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {
+        "ratio": 0.1, "selection": "chunk_start", "chunk_start_tokens": 8}}})
+    assert (ok.selection, ok.chunk_start_tokens) == ("chunk_start", 8)
+    for bad in (0, -1, 2.5, True, "8"):
+        with pytest.raises(UCMConfigError, match=r"chunk_start_tokens must be a positive int"):
+            BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {
+                "ratio": 0.1, "chunk_start_tokens": bad}}})

@@ -144,3 +144,20 @@ def test_masks():
     assert not hkvd_candidates(hit_suffix, suffix, blending)[4]
     with pytest.raises(ValueError):
         compute_mask(hkvd[:3], cache_hit, suffix, blending)
+
+
+def test_key_deviation_l1_and_l2_rank_differently():
+    """UCM's rule (L1) and LMCache's (L2) on the same K error: one large error in a single head
+    dimension against small errors spread over all of them."""
+    from ucm.sparse.blend.hkvd import token_deviation_l1
+
+    loaded = torch.zeros(2, 2, 4)
+    fresh = loaded.clone()
+    fresh[0, 0, 0] = 2.0  # concentrated: L1 2, L2 4
+    fresh[1] += 0.4  # spread over 8 values: L1 3.2, L2 1.28
+    l1, l2 = token_deviation_l1(fresh, loaded), token_deviation(fresh, loaded)
+    torch.testing.assert_close(l1, torch.tensor([2.0, 3.2]))
+    torch.testing.assert_close(l2, torch.tensor([4.0, 1.28]))
+    assert int(l1.argmax()) == 1 and int(l2.argmax()) == 0
+    with pytest.raises(ValueError, match="num_heads"):
+        token_deviation_l1(fresh[0], loaded[0, 0])

@@ -45,6 +45,15 @@ def token_deviation(fresh_k: torch.Tensor, loaded_k: torch.Tensor) -> torch.Tens
     return diff.square().flatten(1).sum(dim=1)
 
 
+def token_deviation_l1(fresh: torch.Tensor, loaded: torch.Tensor) -> torch.Tensor:
+    """Per-token L1 distance over heads and dims, ``[n]`` float32 (partial sums over a
+    tensor-parallel head shard add up, as with `token_deviation`)."""
+    if fresh.shape != loaded.shape or fresh.dim() < 2:
+        raise ValueError(f"fresh {tuple(fresh.shape)} and loaded {tuple(loaded.shape)} must both be "
+                         "[num_tokens, num_heads, head_size]")
+    return (fresh.float() - loaded.float()).abs().flatten(1).sum(dim=1)
+
+
 def num_to_select(ratio: float, num_candidates: int) -> int:
     """How many of ``num_candidates`` tokens a ``ratio`` recomputes.
 

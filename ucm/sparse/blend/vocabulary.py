@@ -19,6 +19,13 @@ class Selection(enum.IntEnum):
     QUERY = 0  # deviation weighted by the attention the question pays each token (query_probe.py)
     HKVD = 1  # deviation alone: CacheBlend's rule (hkvd.py)
     ORACLE = 2  # diagnostic: ranks by a full prefill run first (costs one on top)
+    # The peers' rules, for comparison (benchmarks/blend_bench.py --pareto): deviation of the
+    # check layer's K (after RoPE) instead of V, summed over heads and dims.
+    KEY_L1 = 3  # absolute deviation: UCM Blend's rule
+    KEY_L2 = 4  # squared deviation: LMCache's CacheBlend
+    # EPIC (LegoLink): the first `chunk_start_tokens` of every loaded chunk, whatever the ratio,
+    # and nothing else; no deviation is measured.
+    CHUNK_START = 5
 
     @property
     def label(self) -> str:
@@ -35,6 +42,12 @@ class Selection(enum.IntEnum):
 
 
 DEFAULT_SELECTION = Selection.QUERY
+DEFAULT_CHUNK_START_TOKENS = 16  # EPIC recomputes up to 32 tokens per chunk
+
+
+def is_token_count(value: Any) -> bool:
+    """A positive int (not a bool): chunk_start_tokens."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def is_ratio(value: Any) -> bool:

@@ -28,7 +28,7 @@ from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
                                                run_subset)
 from ucm.integration.vllm.connector.worker_side import BlendStep
-from ucm.sparse.blend.hkvd import select_hkvd, token_deviation
+from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
                                           query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
@@ -78,13 +78,16 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     # (their deviation is measured on candidates only), of requests ranked by the oracle and of
     # requests reusing everything. Those layers' KV is the loaded one for them, which for layer 0
     # is exact (it depends on the token and its position alone).
-    lazy = loaded & (probed | oracled | (ratios == 0))[segment]
+    # "chunk_start" requests measure no deviation: their loaded rows wait like full reuse's.
+    at_starts = batch.rules == Selection.CHUNK_START
+    lazy = loaded & (probed | oracled | (ratios == 0) | at_starts)[segment]
     hidden, residual = run_layers(layers[:check], b, ~lazy, hidden, None)
 
     # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
     # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
     deviation = torch.zeros(n, dtype=torch.float32, device=device)
-    _add_deviation(deviation, layers[check], step, b, row, loaded & ~lazy, hidden, residual)
+    rule_of_row = batch.rules[segment]
+    _add_deviation(deviation, layers[check], step, b, rule_of_row, row, loaded & ~lazy, hidden, residual)
     tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
     candidates = per_cost = None
     if bool(probed.any()):
@@ -94,7 +97,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         per_cost = attention_per_cost(mass, positions)
         candidates = probe_candidates(per_cost, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
         hidden, residual = run_layers(layers[:check], b, candidates, hidden, residual)
-        _add_deviation(deviation, layers[check], step, b, row, candidates, hidden, residual)
+        _add_deviation(deviation, layers[check], step, b, rule_of_row, row, candidates, hidden, residual)
         lazy &= ~candidates
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
@@ -104,7 +107,8 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         if tp:
             oracle = tensor_model_parallel_all_reduce(oracle)
         score = torch.where(oracled[segment], oracle, score)
-    hkvd = select_hkvd(score, loaded, segment, ratios, num_segments=num_reqs)
+    hkvd = select_hkvd(score, loaded & ~at_starts[segment], segment, ratios, num_segments=num_reqs)
+    hkvd |= loaded & batch.near_chunk_start
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
@@ -140,6 +144,7 @@ class _Batch:
     ratios: torch.Tensor  # [num_reqs] float32, 0 for requests not blending
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
+    near_chunk_start: torch.Tensor  # [n] rows of "chunk_start" requests within their chunk's first tokens
     scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
     num_input_rows: int  # rows of vLLM's input (padding included)
 
@@ -173,7 +178,7 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
         segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)
         rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
                          LoraRows.of(model, torch.arange(n, device=device)))
-        return _Batch(rows, hidden, ratios, rules, question_end, None, num_rows)
+        return _Batch(rows, hidden, ratios, rules, question_end, _near_chunk_start(regions, rows), None, num_rows)
     lens, offset = [], 0
     region_rows, scheduled = [], []
     for i in range(num_reqs):
@@ -206,7 +211,22 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
     new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
                                    max_query_len=int(lens_t.max()))
     rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora)
-    return _Batch(rows, out_hidden, ratios, rules, question_end, scheduled, num_rows)
+    return _Batch(rows, out_hidden, ratios, rules, question_end, _near_chunk_start(regions, rows), scheduled,
+                  num_rows)
+
+
+def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
+    """[n] bool: rows of "chunk_start" requests among the first `chunk_start_tokens` of their chunk."""
+    near = torch.zeros(b.positions.shape[0], dtype=torch.bool, device=b.positions.device)
+    for i, region in regions.items():
+        if region.selection != Selection.CHUNK_START or not region.chunk_starts.numel():
+            continue
+        mine = b.segment == i
+        pos = b.positions[mine].long()
+        at = torch.searchsorted(region.chunk_starts, pos, right=True) - 1  # the chunk each row is in
+        start = region.chunk_starts[at.clamp(min=0)]
+        near[mine] = (at >= 0) & (pos - start < region.chunk_start_tokens)
+    return near
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
@@ -216,26 +236,47 @@ def _requests_with(rows, segment, num_reqs) -> torch.Tensor:
     return owners
 
 
-def _add_deviation(deviation, check_layer, step: BlendStep, b: BlendRows, row, rows, hidden, residual) -> None:
-    """Writes the check-layer V deviation of `rows` (loaded rows whose state has reached the check layer)."""
+def _add_deviation(deviation, check_layer, step: BlendStep, b: BlendRows, rule_of_row, row, rows, hidden,
+                   residual) -> None:
+    """Writes the check-layer deviation of `rows` (loaded rows whose state has reached the check
+    layer): of V (every rule but the key rules), of K after RoPE (KEY_L2: squared, KEY_L1: absolute)."""
     if not bool(rows.any()):
         return
+    rule = rule_of_row[rows]
+    on_key = (rule == Selection.KEY_L1) | (rule == Selection.KEY_L2)
+    keyed = bool(on_key.any())
     with b.lora_rows(torch.nonzero(rows).flatten()):
-        fresh_v = _check_layer_v(check_layer, hidden[rows], None if residual is None else residual[rows])
-    deviation[rows] = token_deviation(fresh_v, step.check_v[row[rows]])
+        fresh_k, fresh_v = _check_layer_kv(check_layer, hidden[rows], None if residual is None else residual[rows],
+                                           b.positions[rows] if keyed else None)
+    loaded = row[rows]
+    dev = token_deviation(fresh_v, step.check_v[loaded])
+    if keyed:
+        k, k0 = fresh_k[on_key], step.check_k[loaded[on_key]]
+        dev[on_key] = torch.where(rule[on_key] == Selection.KEY_L1, token_deviation_l1(k, k0), token_deviation(k, k0))
+    deviation[rows] = dev
 
 
-def _check_layer_v(layer, hidden, residual) -> torch.Tensor:
-    """The check layer's fresh V of these rows (``[n, kv_heads, head_dim]``, this rank's heads).
+def _check_layer_kv(layer, hidden, residual, positions) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The check layer's fresh K (after its norm and RoPE; only when `positions` are given) and V
+    of these rows (``[n, kv_heads, head_dim]`` each, this rank's heads).
 
-    From the layer's own norm and QKV projection, which is all V takes in the supported
-    architectures (no RoPE, no norm on V): the deviation is known before the layer runs, so its
-    attention and MLP run on the selected rows only. Pass copies: the fused add+norm works in place.
+    From the layer's own norm, QKV projection and rotary embedding, which is all K and V take in
+    the supported architectures: the deviation is known before the layer runs, so its attention
+    and MLP run on the selected rows only. Pass copies: the fused add+norm works in place.
     """
     attn = layer.self_attn
     normed = layer.input_layernorm(hidden) if residual is None else layer.input_layernorm(hidden, residual)[0]
     qkv, _ = attn.qkv_proj(normed)
-    return qkv[:, attn.q_size + attn.kv_size:].reshape(-1, attn.num_kv_heads, attn.head_dim)
+    shape = (-1, attn.num_kv_heads, attn.head_dim)
+    v = qkv[:, attn.q_size + attn.kv_size:].reshape(shape)
+    if positions is None:
+        return None, v
+    q = qkv[:, :attn.q_size].contiguous()
+    k = qkv[:, attn.q_size:attn.q_size + attn.kv_size].contiguous()
+    if hasattr(attn, "k_norm"):  # Qwen3: per-head RMSNorm on K before RoPE
+        k = attn.k_norm(k.reshape(shape)).reshape(k.shape).contiguous()
+    _, k = attn.rotary_emb(positions, q, k)
+    return k.reshape(shape), v
 
 
 def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual, run_rows,

@@ -49,6 +49,8 @@ class BlendRegion:
     ratio: float  # share of the loaded tokens recomputed from the check layer on
     selection: str = QUERY_SELECTION  # how that share is ranked
     question_end: int = 0  # probe queries come from rows before this position (the prompt's end)
+    chunk_starts: list[int] = field(default_factory=list)  # prompt positions where its loaded chunks start
+    chunk_start_tokens: int = 0  # the "chunk_start" selection recomputes these many tokens per chunk
 
     @property
     def end(self) -> int:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
+from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, CHUNK_START_TOKENS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
                         ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
 from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
@@ -26,7 +26,7 @@ from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
-from ucm.sparse.blend.vocabulary import Selection, is_ratio
+from ucm.sparse.blend.vocabulary import Selection, is_ratio, is_token_count
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class _RequestState:
     blend_end: int  # the Blend region is [plan.prefix_tokens, blend_end); empty: no blend
     ratio: float | None = None
     selection: str | None = None
+    chunk_start_tokens: int = 0
     work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
@@ -213,6 +214,7 @@ class SchedulerSide:
             state.blend_end = blend_region_end(plan, prompt_len)
         if state.blending:
             state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
+            state.chunk_start_tokens = self._chunk_start_tokens(request, params)
             state.work = region_work(plan, state.blend_end, state.ratio)
             if self._step_work and self._step_work + state.work > self.step_cap:
                 self.stats.add("blend_deferrals")
@@ -338,7 +340,8 @@ class SchedulerSide:
                 state.blended = True
                 tokens = state.request.prompt_token_ids
                 step.blend = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio,
-                                         state.selection, state.prompt_len)
+                                         state.selection, state.prompt_len,
+                                         sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens)
                 loaded = [b for b in plan.loaded if b.placed.start < end]
                 if not state.preemptions:
                     self.stats.add("blended_requests")
@@ -362,6 +365,14 @@ class SchedulerSide:
                            request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
             return self.blend.ratio
         return float(ratio)
+
+    def _chunk_start_tokens(self, request: Request, params: dict) -> int:
+        count = params.get(CHUNK_START_TOKENS_PARAM, self.blend.chunk_start_tokens)
+        if not is_token_count(count):
+            logger.warning("request %s: %s must be a positive int, got %r; using %s", request.request_id,
+                           CHUNK_START_TOKENS_PARAM, count, self.blend.chunk_start_tokens)
+            return self.blend.chunk_start_tokens
+        return count
 
     def _selection(self, request: Request, params: dict) -> str:
         selection = params.get(SELECTION_PARAM, self.blend.selection)

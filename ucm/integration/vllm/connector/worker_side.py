@@ -48,6 +48,8 @@ class RegionRows:
     ratio: float
     selection: Selection  # the rule ranking this request's loaded tokens
     question_end: int  # probe queries come from rows before this position
+    chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
+    chunk_start_tokens: int  # recomputed per chunk by the "chunk_start" selection
 
 
 @dataclass
@@ -56,6 +58,7 @@ class BlendStep:
 
     loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
+    check_k: torch.Tensor  # [n, kv_heads, head_size] loaded K of the check layer, at the new positions
     regions: list[RegionRows]  # one per blend request
     check_layer: int
     layout: KVLayout
@@ -190,11 +193,12 @@ class WorkerSide:
             if rows:
                 loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
                 slot_t = torch.cat(slots).to(self._device)
-                check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
+                check_k, check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
             else:  # every chunk load failed: the regions are computed in full
                 slot_t = torch.zeros(0, dtype=torch.long, device=self._device)
                 check_v = torch.zeros((0, *self._token_shape[2:]), dtype=self._dtype, device=self._device)
-            self._blend_step = BlendStep(slot_t, check_v, [self._region_rows(req) for req in blends],
+                check_k = check_v
+            self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats)
         elapsed = time.perf_counter() - start
         self.stats.add("load_ms", 1000.0 * elapsed)
@@ -206,7 +210,9 @@ class WorkerSide:
         slots = self._slots(req, region.start, n + 1).to(self._device)  # and the first scheduled token's
         return RegionRows(int(slots[-1]), torch.arange(region.start, region.end, device=self._device),
                           torch.tensor(region.token_ids, dtype=torch.long, device=self._device), slots[:n],
-                          region.ratio, Selection.parse(region.selection), region.question_end)
+                          region.ratio, Selection.parse(region.selection), region.question_end,
+                          torch.tensor(region.chunk_starts, dtype=torch.long, device=self._device),
+                          region.chunk_start_tokens)
 
     def _count_load(self, block: torch.Tensor) -> None:
         self.stats.add("loaded_blocks")
@@ -218,12 +224,14 @@ class WorkerSide:
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
-    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Write every layer, K shifted (in `kv`, a buffer of ours); return the check layer's loaded V.
+    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor,
+                      delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write every layer, K shifted (in `kv`, a buffer of ours); return the check layer's
+        loaded K (shifted) and V.
 
         `kv` is [tokens, layers, 2, H, D]. Layers before the check layer are needed too: rows
         that skip them (probed requests, full reuse) attend to the loaded KV there. The check
-        layer's V is kept aside for the deviation test, because the selected tokens overwrite it
+        layer's K and V are kept aside for the deviation test, because the selected tokens overwrite them
         in the cache. All layers are shifted in one rotation, then scattered once per layer
         straight from the staging rows (no per-layer copies).
         """
@@ -231,7 +239,8 @@ class WorkerSide:
         self._shift_keys_(kv[:, :, 0], delta)
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
-        return kv[:, self.check_layer, 1].to(self._device, copy=True)
+        return (kv[:, self.check_layer, 0].to(self._device, copy=True),
+                kv[:, self.check_layer, 1].to(self._device, copy=True))
 
     def _shift_keys_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.

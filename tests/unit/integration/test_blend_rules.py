@@ -1,0 +1,24 @@
+"""Rules of the Blend forward that need no engine: EPIC's chunk-start rows."""
+
+import torch
+
+from ucm.integration.vllm.blend.blend_forward import _near_chunk_start
+from ucm.integration.vllm.blend.passes import BlendRows
+from ucm.integration.vllm.connector.worker_side import RegionRows
+from ucm.sparse.blend.vocabulary import Selection
+
+
+def region(selection, starts, k):
+    empty = torch.zeros(0, dtype=torch.long)
+    return RegionRows(0, empty, empty, empty, 0.15, selection, 0, torch.tensor(starts), k)
+
+
+def test_chunk_start_rows_are_the_first_k_of_each_loaded_chunk():
+    # Request 0: positions 5..44, chunks loaded from 10 and 30; request 1 (another rule): 0..9.
+    positions = torch.cat([torch.arange(5, 45), torch.arange(0, 10)])
+    segment = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(10, dtype=torch.long)])
+    rows = BlendRows(None, [], None, None, positions, None, segment, None)
+    regions = {0: region(Selection.CHUNK_START, [10, 30], 4), 1: region(Selection.HKVD, [0], 4)}
+    near = _near_chunk_start(regions, rows)
+    assert positions[near].tolist() == [10, 11, 12, 13, 30, 31, 32, 33]
+    assert not near[segment == 1].any()  # rows before the first chunk and other rules: none

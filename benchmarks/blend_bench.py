@@ -9,6 +9,7 @@ serves them (see ucm/eval/__init__.py).
     python benchmarks/blend_bench.py                           # full prefill, Blend 0.15, full reuse
     python benchmarks/blend_bench.py --sweep                   # ratios 0 .. 1 -> JSON (+ PNG)
     python benchmarks/blend_bench.py --num-questions 1 --sweep --ratios 0,0.15,1   # quick check
+    python benchmarks/blend_bench.py --pareto                  # every rule, KL too -> JSON + PNG frontier
 
 Data: ../shared/data/musique_dev.json (CacheBlend's MuSiQue set: 10 passages of ~600 tokens per
 question) when it exists, else generated questions of 10 passages x ~450 words. On 2 CPU cores:
@@ -28,7 +29,7 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-from ucm.eval.modes import SWEEP_RATIOS, blend_mode, Mode, modes_for, parse_ratios  # noqa: E402
+from ucm.eval.modes import SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios  # noqa: E402
 from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeSummary, summarize, unexpected_reports,  # noqa: E402
@@ -37,6 +38,10 @@ from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeS
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "blend_bench.json"
+DEFAULT_PARETO_OUT = REPO / "benchmarks" / "results" / "blend_pareto.json"
+PARETO_RATIOS = (0.05, 0.15, 0.3, 0.5)
+PARETO_RULES = ("query", "hkvd", "key_l1", "key_l2")  # ours, CacheBlend's, UCM's, LMCache's
+PARETO_CHUNK_START = (8, 16, 32)  # EPIC's k
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +55,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep", action="store_true", help="measure every ratio of --ratios and write JSON (+ PNG)")
     p.add_argument("--ratios", type=_ratios, default=list(SWEEP_RATIOS),
                    help="comma-separated ratios of --sweep (default " + ",".join(f"{r:g}" for r in SWEEP_RATIOS) + ")")
+    p.add_argument("--pareto", action="store_true",
+                   help="every rule (" + ", ".join(PARETO_RULES) + ") at --ratios (default "
+                        + ",".join(f"{r:g}" for r in PARETO_RATIOS) + "), EPIC's chunk_start at --chunk-start "
+                        "(default " + ",".join(map(str, PARETO_CHUNK_START)) + "), full reuse and ratio 1, with "
+                        "the next-token KL; JSON + a PNG of quality against median TTFT")
+    p.add_argument("--chunk-start", type=lambda t: [int(x) for x in t.split(",") if x.strip()],
+                   default=list(PARETO_CHUNK_START), help="EPIC's k values for --pareto")
+    p.add_argument("--kl-tokens", type=int, default=None,
+                   help="measure the next-token KL to full prefill over this many answer tokens (one extra "
+                        "request per token and mode; default 4 with --pareto, else 0)")
     p.add_argument("--out", default=None,
                    help=f"JSON result file (default with --sweep: {DEFAULT_OUT.relative_to(REPO)}); "
                         "the PNG goes next to it")
@@ -60,10 +75,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true", help="print every answer")
     args = p.parse_args(argv)
     check_run_args(p, args)
+    if args.pareto:
+        if "--ratios" not in " ".join(argv if argv is not None else sys.argv):
+            args.ratios = list(PARETO_RATIOS)
+        if "--selections" not in " ".join(argv if argv is not None else sys.argv):
+            args.selections = list(PARETO_RULES)
+    if args.kl_tokens is None:
+        args.kl_tokens = 4 if args.pareto else 0
+    if args.kl_tokens < 0:
+        p.error("--kl-tokens must be >= 0")
     if args.dataset is None and not args.generated and DEFAULT_DATASET.is_file():
         args.dataset = str(DEFAULT_DATASET)
-    if args.out is None and args.sweep:
-        args.out = str(DEFAULT_OUT)
+    if args.out is None and (args.sweep or args.pareto):
+        args.out = str(DEFAULT_PARETO_OUT if args.pareto else DEFAULT_OUT)
     return args
 
 
@@ -77,13 +101,17 @@ def _ratios(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     examples, args.model = examples_and_model(args)
-    modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
+    if args.pareto:
+        modes = pareto_modes(args.ratios, args.selections, args.chunk_start)
+    else:
+        modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
     with run_store(args, "ucm-blend-bench-") as store:
         print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
               f"modes:   {', '.join(m.name for m in modes)}", flush=True)
         started = time.time()
-        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args))
+        engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
+        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args), **engine)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1
@@ -99,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {out}")
         if not args.no_plot:
             png = out.with_suffix(".png")
-            message = write_plot(png, summaries)
+            message = write_frontier(png, summaries) if args.pareto else write_plot(png, summaries)
             print(message or f"wrote {png}")
     return 0
 
@@ -116,7 +144,7 @@ def run(llm, examples, modes: list[Mode], args):
             tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
 
     evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
-                               index_alone=args.chunk_store == "alone")
+                               index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens)
     return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
                          on_measurement=show_answer, on_question=show_question)
 
@@ -172,6 +200,42 @@ def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
         ax_q.axhline(full.f1_gold, color="grey", ls="--", label="full prefill F1 vs gold")
     ax_q.set(xlabel="recompute ratio", ylabel="score", title="Answer quality", ylim=(0, 1.05))
     ax_q.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_frontier(path: Path, summaries: list[ModeSummary]) -> str | None:
+    """Quality (next-token KL, agreement) against median TTFT, one series per rule; full prefill
+    and full reuse as reference points; a message if skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
+    fig, (ax_kl, ax_ag) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: dict[str, list[ModeSummary]] = {}
+    for s in summaries:
+        series.setdefault(s.selection or s.mode, []).append(s)
+    for i, (name, points) in enumerate(series.items()):
+        points = sorted(points, key=lambda s: s.median_ttft_s)
+        style = "o-" if len(points) > 1 else "*"
+        x = [s.median_ttft_s for s in points]
+        if any(s.kl_vs_full is not None for s in points):
+            ax_kl.plot(x, [s.kl_vs_full if s.kl_vs_full is not None else float("nan") for s in points], style,
+                       color=f"C{i}", label=name, markersize=10 if style == "*" else 5)
+        ax_ag.plot(x, [s.agree_pct if s.agree_pct is not None else 100.0 for s in points], style, color=f"C{i}",
+                   label=name, markersize=10 if style == "*" else 5)
+    ax_kl.set(xlabel="median TTFT (s)", ylabel="next-token KL to full prefill", title="Divergence (lower is better)",
+              yscale="log")
+    ax_ag.set(xlabel="median TTFT (s)", ylabel="answers equal to full prefill's (%)", title="Agreement",
+              ylim=(0, 105))
+    for ax in (ax_kl, ax_ag):
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

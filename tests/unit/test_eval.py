@@ -261,3 +261,27 @@ def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_questions():
     assert lo_few < 0.5 < hi_few and lo_many < 0.5 < hi_many
     assert hi_many - lo_many < (hi_few - lo_few) / 2  # ~1/sqrt(10) as wide
     assert bootstrap_ci(few) == (lo_few, hi_few)  # seeded
+
+
+def test_mean_kl_is_zero_for_equal_and_positive_for_different_distributions():
+    import torch
+
+    from ucm.eval.measure import mean_kl
+
+    p = torch.log_softmax(torch.tensor([2.0, 1.0, 0.0, -1.0]), 0)
+    q = torch.log_softmax(torch.tensor([0.0, 1.0, 2.0, -1.0]), 0)
+    assert mean_kl([p], [p]) == 0.0
+    expected = float((p.exp() * (p - q)).sum())
+    assert abs(mean_kl([p, p], [q, p]) - expected / 2) < 1e-6
+    short = torch.tensor([0.0])  # a reference that knows one token: other tokens count as 0
+    assert abs(mean_kl([short], [torch.log(torch.tensor([0.5, 0.5]))]) - torch.log(torch.tensor(2.0)).item()) < 1e-6
+
+
+def test_pareto_modes_hold_every_rule_and_epic_k():
+    from ucm.eval.modes import pareto_modes
+
+    modes = pareto_modes([0, 0.15, 0.3, 1], ["query", "hkvd", "key_l1", "chunk_start"], [8, 32])
+    names = [m.name for m in modes]
+    assert names == ["full prefill", "full reuse", "blend 0.15", "blend 0.3", "hkvd 0.15", "hkvd 0.3",
+                     "key_l1 0.15", "key_l1 0.3", "chunk_start 8", "chunk_start 32", "blend 1"]
+    assert modes[8].chunk_start_tokens == 8 and modes[8].selection == "chunk_start"

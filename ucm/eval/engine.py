@@ -42,9 +42,11 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
     p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
                    help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
-                        "of the question per cost x deviation, the default rule), 'hkvd' (deviation alone, "
-                        "CacheBlend's rule) and/or 'oracle' (a diagnostic ranking from a full prefill run "
-                        f"first, a reference for the others; its TTFT is not Blend's) (default {','.join(selections)})")
+                        "of the question per cost x deviation, the default rule), 'hkvd' (V deviation alone, "
+                        "CacheBlend's rule), 'key_l1' / 'key_l2' (K deviation: UCM's / LMCache's rules), "
+                        "'chunk_start' (EPIC: the first tokens of every chunk) and/or 'oracle' (a diagnostic "
+                        "ranking from a full prefill run first, a reference for the others; its TTFT is not "
+                        f"Blend's) (default {','.join(selections)})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -127,8 +129,9 @@ def bfloat16_note(dtype: str | None) -> str | None:
             "faster than this float32 baseline; compare with --dtype bfloat16")
 
 
-def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
-    """fn(llm) on a Blend engine for a command-line run, stopped afterwards whatever happens."""
+def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any):
+    """fn(llm) on a Blend engine for a command-line run (`engine`: more engine arguments),
+    stopped afterwards whatever happens."""
     from ucm.integration.vllm.llm import shutdown
 
     note = bfloat16_note(args.dtype)
@@ -136,7 +139,7 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any]):
         print(note, flush=True)
     dtype = {"dtype": args.dtype} if args.dtype else {}
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, **dtype)
+                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, **dtype, **engine)
     try:
         return fn(llm)
     finally:

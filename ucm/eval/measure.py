@@ -28,6 +28,9 @@ class Measurement:
     agrees_with_full: bool | None = None
     report: dict = field(default_factory=dict)  # kv_transfer_params["ucm"]
     counters: dict = field(default_factory=dict)  # the connector's statistics counters during the request
+    # Next-token KL(full prefill || this mode), teacher-forced over full prefill's first answer
+    # tokens (mean over them); None for full prefill itself or when not measured.
+    kl_vs_full: float | None = None
 
     @property
     def blended(self) -> bool:
@@ -63,8 +66,11 @@ class BlendEvaluator:
     """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
 
     def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
-                 index_alone: bool = False):
+                 index_alone: bool = False, kl_tokens: int = 0):
         self.llm = llm
+        # Answer tokens over which the next-token KL to full prefill is measured (0: not measured;
+        # the engine needs max_logprobs=-1): one extra one-token request per token and mode.
+        self.kl_tokens = kl_tokens
         self.index_alone = index_alone  # index passages alone (the "alone" chunk-store policy)
         self.max_tokens = max_tokens
         self.tokenizer = llm.get_tokenizer()
@@ -73,7 +79,8 @@ class BlendEvaluator:
         self.wall_fallbacks = 0
 
     def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
-               disable_blend: bool = False, selection: str | None = None):
+               disable_blend: bool = False, selection: str | None = None, chunk_start_tokens: int | None = None,
+               logprobs: int | None = None):
         from vllm import SamplingParams
 
         kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
@@ -83,7 +90,36 @@ class BlendEvaluator:
             kv["ucm_blend_ratio"] = ratio
         if selection is not None:
             kv["ucm_blend_selection"] = selection
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args={"kv_transfer_params": kv})
+        if chunk_start_tokens is not None:
+            kv["ucm_chunk_start_tokens"] = chunk_start_tokens
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs,
+                              extra_args={"kv_transfer_params": kv})
+
+    def mode_params(self, max_tokens: int, chunked: ChunkedPrompt, mode: Mode, logprobs: int | None = None):
+        return self.params(max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
+                           selection=mode.selection, chunk_start_tokens=mode.chunk_start_tokens, logprobs=logprobs)
+
+    def next_token_logprobs(self, chunked: ChunkedPrompt, mode: Mode, answer_ids: Sequence[int]) -> list:
+        """The mode's next-token log-probabilities (``[vocab]`` float32 tensors) after the prompt
+        and each prefix ``answer_ids[:j]``, j < kl_tokens: teacher forcing on a given answer.
+
+        Each prefix is its own request (a Blend request returns its last row only); the answer
+        tokens extend the question, so every mode computes them in full over its own chunk KV.
+        """
+        import torch
+
+        out = []
+        for j in range(min(self.kl_tokens, len(answer_ids))):
+            self.forget_local_prefix_cache()
+            prompt = {"prompt_token_ids": chunked.token_ids + list(answer_ids[:j])}
+            res = self.llm.generate([prompt], self.mode_params(1, chunked, mode, logprobs=-1), use_tqdm=False)[0]
+            top = res.outputs[0].logprobs[0]
+            ids = torch.tensor(list(top.keys()), dtype=torch.long)
+            values = torch.tensor([lp.logprob for lp in top.values()], dtype=torch.float32)
+            dense = torch.full((int(ids.max()) + 1,), float("-inf"))
+            dense[ids] = values
+            out.append(dense)
+        return out
 
     def build(self, example: QAExample) -> ChunkedPrompt:
         return build_prompt(self.tokenizer, example, self.marker)
@@ -111,28 +147,28 @@ class BlendEvaluator:
         except AssertionError:  # LLMEngine.get_metrics asserts that stats logging is on
             return {}
 
-    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict]:
-        """(answer text, TTFT in s, TTFT source, connector report, counter deltas) of one request alone."""
+    def ask(self, chunked: ChunkedPrompt, mode: Mode) -> tuple[str, float, str, dict, dict, list[int]]:
+        """(answer text, TTFT in s, TTFT source, connector report, counter deltas, answer token ids)
+        of one request alone."""
         prompt = {"prompt_token_ids": chunked.token_ids}
         self.forget_local_prefix_cache()
-        params = self.params(self.max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
-                             selection=mode.selection)
+        params = self.mode_params(self.max_tokens, chunked, mode)
         before = self.counters()
         out = self.llm.generate([prompt], params, use_tqdm=False)[0]
         after = self.counters()
         deltas = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
         ttft = getattr(getattr(out, "metrics", None), "first_token_latency", None)
+        ids = list(out.outputs[0].token_ids)
         if ttft:
-            return out.outputs[0].text, float(ttft), "metrics", report_of(out), deltas
+            return out.outputs[0].text, float(ttft), "metrics", report_of(out), deltas, ids
         # No request metrics (stats logging off): time a one-token request instead, as cold as
         # the first one.
         self.wall_fallbacks += 1
         self.forget_local_prefix_cache()
-        one = self.params(1, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
-                          selection=mode.selection)
+        one = self.mode_params(1, chunked, mode)
         start = time.perf_counter()
         self.llm.generate([prompt], one, use_tqdm=False)
-        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out), deltas
+        return out.outputs[0].text, time.perf_counter() - start, "wall", report_of(out), deltas, ids
 
     def run_question(self, qi: int, example: QAExample, modes: Sequence[Mode],
                      on_measurement: Callable[[Measurement], None] | None = None) -> QuestionResult:
@@ -140,16 +176,22 @@ class BlendEvaluator:
         index_s, index_reports = self.index(prompt)
         measurements: list[Measurement] = []
         full: Measurement | None = None
+        reference: list = []  # full prefill's next-token distributions over its own answer
+        full_ids: list[int] = []
         for mode in modes:
-            text, ttft, source, report, counters = self.ask(prompt, mode)
+            text, ttft, source, report, counters, ids = self.ask(prompt, mode)
             answer = short_answer(text)
             m = Measurement(qi, mode.name, mode.ratio, len(prompt.token_ids), ttft, source, text, answer,
                             best_f1(answer, list(example.answers)), report=report, counters=counters)
             if mode.is_full:
-                full = m
+                full, full_ids = m, ids
+                if self.kl_tokens:
+                    reference = self.next_token_logprobs(prompt, mode, full_ids)
             elif full is not None:
                 m.f1_vs_full = token_f1(answer, full.answer)
                 m.agrees_with_full = normalize_answer(answer) == normalize_answer(full.answer)
+                if reference:
+                    m.kl_vs_full = mean_kl(reference, self.next_token_logprobs(prompt, mode, full_ids))
             measurements.append(m)
             if on_measurement is not None:
                 on_measurement(m)
@@ -180,6 +222,21 @@ class BlendEvaluator:
                                 "over several steps")
             kept.append((i, ex))
         return kept, warnings
+
+
+def mean_kl(reference: Sequence, other: Sequence) -> float:
+    """Mean over positions of KL(reference || other), each a ``[vocab]`` log-probability tensor
+    (tokens missing from one side count as probability 0 there)."""
+    import torch
+
+    kls = []
+    for p, q in zip(reference, other):
+        n = max(p.shape[0], q.shape[0])
+        p = torch.nn.functional.pad(p.double(), (0, n - p.shape[0]), value=float("-inf"))
+        q = torch.nn.functional.pad(q.double(), (0, n - q.shape[0]), value=float("-inf"))
+        seen = p > float("-inf")  # 0 * log(0 / q) is 0
+        kls.append(float((p[seen].exp() * (p[seen] - q[seen])).sum()))
+    return sum(kls) / len(kls)
 
 
 def run_questions(evaluator: BlendEvaluator, examples: Sequence[QAExample], modes: Sequence[Mode], *,

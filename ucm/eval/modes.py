@@ -8,13 +8,10 @@ from dataclasses import dataclass
 from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.sparse.blend.vocabulary import Selection, check_ratio
 
-
-
 DEFAULT_CHECK_LAYER = "model.layers.1.self_attn.attn"
 DEFAULT_RATIO = 0.15
 SWEEP_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 REPORT_KEY = "ucm"  # RequestOutput.kv_transfer_params[REPORT_KEY]: what the cache did
-
 
 
 @dataclass(frozen=True)
@@ -22,6 +19,7 @@ class Mode:
     name: str
     ratio: float | None  # None: full prefill (Blend disabled for the request)
     selection: str | None = None  # how Blend ranks the tokens it recomputes; None: ratio 0 or 1 (no ranking)
+    chunk_start_tokens: int | None = None  # the "chunk_start" selection's k (tokens per chunk)
 
     @property
     def is_full(self) -> bool:
@@ -56,6 +54,25 @@ def modes_for(ratios: Iterable[float], selections: Iterable[str] = (QUERY_SELECT
             if m not in modes:
                 modes.append(m)
     return modes
+
+
+def chunk_start_mode(k: int) -> Mode:
+    """EPIC's rule: the first k tokens of every loaded chunk, whatever the ratio (shown as 0)."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"chunk_start tokens must be a positive int, got {k!r}")
+    return Mode(f"chunk_start {k}", 0.0, Selection.CHUNK_START.label, k)
+
+
+def pareto_modes(ratios: Iterable[float], selections: Iterable[str], chunk_start_ks: Iterable[int]) -> list[Mode]:
+    """Full prefill, full reuse, every ranked rule at every ratio in (0, 1), EPIC at every k, and
+    ratio 1: the points of a quality-vs-TTFT frontier."""
+    modes = modes_for([0.0], [QUERY_SELECTION])
+    for selection in selections:
+        if selection == Selection.CHUNK_START.label:
+            continue
+        modes += [blend_mode(r, selection) for r in ratios if 0 < r < 1]
+    modes += [chunk_start_mode(k) for k in chunk_start_ks]
+    return modes + [blend_mode(1.0)]
 
 
 def parse_selections(text: str) -> list[str]:

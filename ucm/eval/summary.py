@@ -46,6 +46,9 @@ class ModeSummary:
     f1_gold_delta_ci: tuple[float, float] | None = None
     f1_vs_full_ci: tuple[float, float] | None = None
     agree_pct_ci: tuple[float, float] | None = None
+    # Mean next-token KL to full prefill over the first answer tokens (None unless measured).
+    kl_vs_full: float | None = None
+    kl_vs_full_ci: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +73,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
         median = statistics.median(ttfts)
         vs_full = [x.f1_vs_full for x in rows if x.f1_vs_full is not None]
         agree = [x.agrees_with_full for x in rows if x.agrees_with_full is not None]
+        kls = [x.kl_vs_full for x in rows if x.kl_vs_full is not None]
         deltas = [] if mode.is_full else [x.f1_gold - full_gold[x.question] for x in rows if x.question in full_gold]
 
         def total(key: str) -> int:
@@ -93,6 +97,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             load_bytes=int(counted("load_bytes")), load_ms=float(counted("load_ms")),
             f1_gold_delta=statistics.mean(deltas) if deltas else None, f1_gold_delta_ci=bootstrap_ci(deltas),
             f1_vs_full_ci=bootstrap_ci(vs_full), agree_pct_ci=bootstrap_ci([100.0 * a for a in agree]),
+            kl_vs_full=statistics.mean(kls) if kls else None, kl_vs_full_ci=bootstrap_ci(kls),
         ))
     return out
 
@@ -119,11 +124,12 @@ def format_interval_table(summaries: Sequence[ModeSummary]) -> str:
         text = f"{value:{spec}}{suffix}"
         return text if ci is None else f"{text} ({ci[0]:{spec}} .. {ci[1]:{spec}}{suffix})"
 
-    header = ["mode", "n", "F1 gold - full prefill", "F1 vs full", "agree"]
+    with_kl = any(s.kl_vs_full is not None for s in summaries)
+    header = ["mode", "n", "F1 gold - full prefill", "F1 vs full", "agree"] + (["next-token KL"] if with_kl else [])
     rows = [[
         s.mode, str(s.n), with_ci(s.f1_gold_delta, s.f1_gold_delta_ci, "+.3f"),
         with_ci(s.f1_vs_full, s.f1_vs_full_ci, ".3f"), with_ci(s.agree_pct, s.agree_pct_ci, ".0f", "%"),
-    ] for s in summaries if s.ratio is not None]
+    ] + ([with_ci(s.kl_vs_full, s.kl_vs_full_ci, ".4f")] if with_kl else []) for s in summaries if s.ratio is not None]
     return _aligned(header, rows)
 
 

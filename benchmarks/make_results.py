@@ -20,6 +20,9 @@ HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headl
 
 # (file, title, command that wrote it)
 EVAL_RUNS = [
+    ("blend_pareto_musique.json", "Quality against TTFT, every rule (MuSiQue, next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --pareto --num-questions 8 --ratios 0.15,0.3 --chunk-start 16,32 "
+     "--kl-tokens 2 --out benchmarks/results/blend_pareto_musique.json"),
     ("blend_bench_musique100_bf16.json", "MuSiQue, 100 questions, bfloat16",
      "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query "
      "--out benchmarks/results/blend_bench_musique100_bf16.json"),
@@ -50,18 +53,22 @@ def _ci(row: dict, key: str, fmt: str) -> str:
 
 
 def eval_table(data: dict) -> str:
-    """One row per mode of a ucm.eval run (main job or blend_bench)."""
-    lines = ["| mode | median TTFT | speed-up | F1 vs full-prefill answer | same answer | F1 vs gold minus full's |",
-             "|---|---|---|---|---|---|"]
+    """One row per mode of a ucm.eval run (main job or blend_bench); the next-token KL column
+    when the run measured it."""
+    with_kl = any(row.get("kl_vs_full") is not None for row in data["summary"])
+    lines = ["| mode | median TTFT | speed-up | F1 vs full-prefill answer | same answer | F1 vs gold minus full's |"
+             + (" next-token KL |" if with_kl else ""), "|---|---|---|---|---|---|" + ("---|" if with_kl else "")]
     for row in data["summary"]:
         f1 = row.get("f1_vs_full")
         agree = row.get("agree_pct")
         delta = row.get("f1_gold_delta")
+        kl = row.get("kl_vs_full")
         lines.append(
             f"| {row['mode']} | {row['median_ttft_s']:.2f} s | {row.get('speedup') or 1.0:.2f}x | "
             + (f"{f1:.3f}{_ci(row, 'f1_vs_full', '{:.3f}')}" if f1 is not None else "-") + " | "
             + (f"{agree:.0f}%{_ci(row, 'agree_pct', '{:.0f}')}" if agree is not None else "-") + " | "
-            + (f"{delta:+.3f}{_ci(row, 'f1_gold_delta', '{:+.3f}')}" if delta is not None else "-") + " |")
+            + (f"{delta:+.3f}{_ci(row, 'f1_gold_delta', '{:+.3f}')}" if delta is not None else "-") + " |"
+            + ((f" {kl:.4f}{_ci(row, 'kl_vs_full', '{:.4f}')} |" if kl is not None else " - |") if with_kl else ""))
     return "\n".join(lines)
 
 

@@ -167,15 +167,26 @@ def print_report(results, summaries: list[ModeSummary], modes: list[Mode], args,
         print("\nUCM connector counters of the whole run (indexing and warm-up included):\n" + format_counters(counters))
 
 
-def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
-    """TTFT and quality against the ratio, full prefill as reference lines; a message if skipped."""
+NO_MATPLOTLIB = "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file backend, or None where matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
+        return None
+    return plt
+
+
+def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
+    """TTFT and quality against the ratio, full prefill as reference lines; a message if skipped."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     full = next((s for s in summaries if s.ratio is None), None)
     # One curve per selection rule; ratio 0 and 1 rank nothing and belong to every curve.
     shared = [s for s in summaries if s.ratio is not None and s.selection is None]
@@ -210,13 +221,9 @@ def write_plot(path: Path, summaries: list[ModeSummary]) -> str | None:
 def write_frontier(path: Path, summaries: list[ModeSummary]) -> str | None:
     """Quality (next-token KL, agreement) against median TTFT, one series per rule; full prefill
     and full reuse as reference points; a message if skipped."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no plot written (the JSON holds the same numbers)"
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, (ax_kl, ax_ag) = plt.subplots(1, 2, figsize=(12, 4.5))
     series: dict[str, list[ModeSummary]] = {}
     for s in summaries:

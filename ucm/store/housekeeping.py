@@ -16,20 +16,9 @@ import time
 
 from ucm.store.capacity import CapacityLimiter
 from ucm.store.layout import BlockLayout, ScannedFile, TempOwner
+from ucm.store.liveness import pid_alive
 
 logger = logging.getLogger(__name__)
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def is_stale_temp(owner: TempOwner, mtime: float, now: float, host: str, grace_s: float) -> bool:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ucm.store.liveness import pid_alive
+
 LEDGER_NAME = ".ucm-usage"
 STALE_S = 600.0  # a reservation not refreshed for this long belongs to a dead writer on another host
 
@@ -148,7 +150,7 @@ class UsageLedger:
             for owner in list(u.reserved):
                 host, _, pid = owner.rpartition(":")
                 dead = now - u.reserved[owner][1] > STALE_S
-                if host == self.host and pid.isdigit() and not _alive(int(pid)):
+                if host == self.host and pid.isdigit() and not pid_alive(int(pid)):
                     dead = True
                 if dead:
                     del u.reserved[owner]
@@ -156,16 +158,6 @@ class UsageLedger:
 
     def total(self) -> int:
         return self.update(lambda u: None).total
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _lock(fd: int) -> None:

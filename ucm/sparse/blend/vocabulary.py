@@ -41,7 +41,6 @@ class Selection(enum.IntEnum):
         return tuple(s.label for s in cls)
 
 
-DEFAULT_SELECTION = Selection.QUERY
 DEFAULT_CHUNK_START_TOKENS = 16  # EPIC recomputes up to 32 tokens per chunk
 
 

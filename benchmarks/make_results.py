@@ -23,6 +23,9 @@ EVAL_RUNS = [
     ("blend_pareto_musique.json", "Quality against TTFT, every rule (MuSiQue, next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --pareto --num-questions 8 --ratios 0.15,0.3 --chunk-start 16,32 "
      "--kl-tokens 2 --out benchmarks/results/blend_pareto_musique.json"),
+    ("blend_pareto_generated.json", "Quality against TTFT, every rule (generated set, next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --pareto --generated --num-questions 6 --ratios 0.15,0.3 --chunk-start 16 "
+     "--kl-tokens 2 --out benchmarks/results/blend_pareto_generated.json"),
     ("blend_bench_musique100_bf16.json", "MuSiQue, 100 questions, bfloat16",
      "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query "
      "--out benchmarks/results/blend_bench_musique100_bf16.json"),

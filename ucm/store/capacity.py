@@ -129,12 +129,7 @@ class CapacityLimiter:
 
             def make_room(total: int) -> tuple[int, int]:  # the shared usage, under the ledger's lock
                 nonlocal evicted, accepted
-                freed_total = 0
-                while self._files and total - freed_total + incoming > self.capacity_bytes:
-                    freed = self._evict_oldest()
-                    if freed is not None:
-                        freed_total += freed
-                        evicted += 1
+                freed_total, evicted = self._evict(total + incoming - self.capacity_bytes)
                 room, taken = self.capacity_bytes - (total - freed_total), 0
                 for size in sizes:
                     if taken + size > room:
@@ -167,12 +162,7 @@ class CapacityLimiter:
 
             def make_room(total: int) -> tuple[int, int]:
                 nonlocal evicted
-                freed_total = 0
-                while self._files and total - freed_total > self.capacity_bytes:
-                    freed = self._evict_oldest()
-                    if freed is not None:
-                        freed_total += freed
-                        evicted += 1
+                freed_total, evicted = self._evict(total - self.capacity_bytes)
                 return freed_total, 0
 
             if self._shared(lambda ledger: ledger.reserve(make_room)) is None:
@@ -187,6 +177,17 @@ class CapacityLimiter:
             self._reserved -= incoming
         if incoming:
             self._shared(lambda ledger: ledger.release(incoming, kept))
+
+    def _evict(self, excess: int) -> tuple[int, int]:
+        """Evicts least recently used known files until `excess` bytes are freed or none is
+        left; returns (bytes freed, evictions)."""
+        freed_total = evictions = 0
+        while self._files and freed_total < excess:
+            freed = self._evict_oldest()
+            if freed is not None:
+                freed_total += freed
+                evictions += 1
+        return freed_total, evictions
 
     def _evict_oldest(self) -> int | None:
         """Unlink the least recently used file unless someone used it since we last looked;

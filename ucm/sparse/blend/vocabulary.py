@@ -41,6 +41,7 @@ class Selection(enum.IntEnum):
         return tuple(s.label for s in cls)
 
 
+KEY_RULES = (Selection.KEY_L1, Selection.KEY_L2)  # rank by the check layer's K deviation: need its loaded K
 DEFAULT_CHUNK_START_TOKENS = 16  # EPIC recomputes up to 32 tokens per chunk
 
 

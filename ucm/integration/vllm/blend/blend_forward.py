@@ -32,7 +32,7 @@ from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
                                           query_weighted_score)
 from ucm.sparse.blend.runs import pseudo_request_metadata
-from ucm.sparse.blend.vocabulary import Selection
+from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def _add_deviation(deviation, check_layer, step: BlendStep, b: BlendRows, rule_o
     if not bool(rows.any()):
         return
     rule = rule_of_row[rows]
-    on_key = (rule == Selection.KEY_L1) | (rule == Selection.KEY_L2)
+    on_key = torch.isin(rule, torch.tensor(KEY_RULES, device=rule.device))
     keyed = bool(on_key.any())
     with b.lora_rows(torch.nonzero(rows).flatten()):
         fresh_k, fresh_v = _check_layer_kv(check_layer, hidden[rows], None if residual is None else residual[rows],

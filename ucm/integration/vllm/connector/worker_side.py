@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots_for_positions
-from ucm.sparse.blend.vocabulary import Selection
+from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
@@ -58,7 +58,9 @@ class BlendStep:
 
     loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
     check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
-    check_k: torch.Tensor  # [n, kv_heads, head_size] loaded K of the check layer, at the new positions
+    # [n, kv_heads, head_size] loaded K of the check layer, at the new positions; kept only when a
+    # request of the step ranks by K deviation (key_l1 / key_l2), else None.
+    check_k: torch.Tensor | None
     regions: list[RegionRows]  # one per blend request
     check_layer: int
     layout: KVLayout
@@ -193,11 +195,12 @@ class WorkerSide:
             if rows:
                 loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
                 slot_t = torch.cat(slots).to(self._device)
-                check_k, check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas))
+                keyed = any(Selection.parse(req.blend.selection) in KEY_RULES for req in blends)
+                check_k, check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas), keep_k=keyed)
             else:  # every chunk load failed: the regions are computed in full
                 slot_t = torch.zeros(0, dtype=torch.long, device=self._device)
                 check_v = torch.zeros((0, *self._token_shape[2:]), dtype=self._dtype, device=self._device)
-                check_k = check_v
+                check_k = None
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats)
         elapsed = time.perf_counter() - start
@@ -224,10 +227,10 @@ class WorkerSide:
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
-    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor,
-                      delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor,
+                      keep_k: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Write every layer, K shifted (in `kv`, a buffer of ours); return the check layer's
-        loaded K (shifted) and V.
+        loaded K (shifted; None unless `keep_k`) and V.
 
         `kv` is [tokens, layers, 2, H, D]. Layers before the check layer are needed too: rows
         that skip them (probed requests, full reuse) attend to the loaded KV there. The check
@@ -239,8 +242,8 @@ class WorkerSide:
         self._shift_keys_(kv[:, :, 0], delta)
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
-        return (kv[:, self.check_layer, 0].to(self._device, copy=True),
-                kv[:, self.check_layer, 1].to(self._device, copy=True))
+        check_k = kv[:, self.check_layer, 0].to(self._device, copy=True) if keep_k else None
+        return check_k, kv[:, self.check_layer, 1].to(self._device, copy=True)
 
     def _shift_keys_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.

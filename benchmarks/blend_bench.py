@@ -29,7 +29,8 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
-from ucm.eval.modes import SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios  # noqa: E402
+from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
+                            plus_chunk_start)
 from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeSummary, summarize, unexpected_reports,  # noqa: E402
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the next-token KL; JSON + a PNG of quality against median TTFT")
     p.add_argument("--chunk-start", type=lambda t: [int(x) for x in t.split(",") if x.strip()],
                    default=list(PARETO_CHUNK_START), help="EPIC's k values for --pareto")
+    p.add_argument("--plus-chunk-start", type=int, default=None, metavar="K",
+                   help="also run every ranked mode with the first K tokens of each loaded chunk recomputed "
+                        "first, within its ratio (EPIC's rows plus the rule)")
     p.add_argument("--kl-tokens", type=int, default=None,
                    help="measure the next-token KL to full prefill over this many answer tokens (one extra "
                         "request per token and mode; default 4 with --pareto, else 0)")
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         modes = pareto_modes(args.ratios, args.selections, args.chunk_start)
     else:
         modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
+    if args.plus_chunk_start:
+        modes += plus_chunk_start(modes, args.plus_chunk_start)
     with run_store(args, "ucm-blend-bench-") as store:
         print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"

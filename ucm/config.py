@@ -36,7 +36,7 @@ import yaml
 
 from ucm.store.config import near_miss
 
-from ucm.sparse.blend.vocabulary import DEFAULT_CHUNK_START_TOKENS, Selection, is_ratio, is_token_count
+from ucm.sparse.blend.vocabulary import Selection, check_chunk_start_tokens, is_ratio
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ EXACT_PREFIX_PARAM = "ucm_exact_prefix"
 # "alone" stores only chunks computed with nothing before them (a prompt's first chunk, e.g. an
 # indexing request that sends the chunk by itself), so no user's text shapes another's reuse.
 CHUNK_STORE_POLICIES = ("any", "alone")
-CHUNK_START_TOKENS_PARAM = "ucm_chunk_start_tokens"  # tokens per chunk the "chunk_start" selection recomputes
+CHUNK_START_TOKENS_PARAM = "ucm_chunk_start_tokens"  # tokens per loaded chunk recomputed before any ranking
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
                   CHUNK_START_TOKENS_PARAM)
 
@@ -192,7 +192,9 @@ class BlendConfig:
     check_layer: int
     ratio: float
     selection: str = QUERY_SELECTION
-    chunk_start_tokens: int = DEFAULT_CHUNK_START_TOKENS  # what the "chunk_start" selection recomputes per chunk
+    # Tokens at the start of every loaded chunk that are always recomputed (EPIC), within the ratio
+    # for the ranked rules; None: 16 for "chunk_start" (all it recomputes), 0 for the ranked rules.
+    chunk_start_tokens: int | None = None
     # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
     # blended region and the recomputed share), summed over the requests blended in one step;
     # None: vLLM's max_num_batched_tokens. A step's first blend request always goes.
@@ -260,9 +262,6 @@ class BlendConfig:
         layer_path = _key(meta_path, layer_name)
         layer_meta = _mapping(layer_meta, layer_path)
         _warn_unknown(layer_meta, {"ratio", "selection", "chunk_start_tokens"}, layer_path)
-        chunk_start_tokens = layer_meta.get("chunk_start_tokens", DEFAULT_CHUNK_START_TOKENS)
-        if not is_token_count(chunk_start_tokens):
-            raise UCMConfigError(f"{layer_path}.chunk_start_tokens must be a positive int, got {chunk_start_tokens!r}")
         ratio = _require(layer_meta, "ratio", layer_path)
         if not is_ratio(ratio):
             raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
@@ -271,6 +270,11 @@ class BlendConfig:
             raise UCMConfigError(
                 f"{layer_path}.selection must be one of {', '.join(map(repr, BLEND_SELECTIONS))}, got {selection!r}"
             )
+        chunk_start_tokens = layer_meta.get("chunk_start_tokens")
+        why = None if chunk_start_tokens is None else check_chunk_start_tokens(Selection.parse(selection),
+                                                                               chunk_start_tokens)
+        if why:
+            raise UCMConfigError(f"{layer_path}.chunk_start_tokens {why}")
 
         return cls(
             chunk_end_token_id=token,

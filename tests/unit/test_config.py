@@ -451,14 +451,29 @@ def test_direct_construction_checks_layer_name_and_index_agree():
         BlendConfig(2, LAYER, 2, 0.2)
 
 
-def test_chunk_start_tokens_is_a_positive_int():
+def test_chunk_start_tokens_is_positive_for_epic_and_non_negative_for_ranked_rules():
     from ucm.config import BlendConfig, UCMConfigError
 
     layer = "model.layers.1.self_attn.attn"
-    ok = BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {
-        "ratio": 0.1, "selection": "chunk_start", "chunk_start_tokens": 8}}})
-    assert (ok.selection, ok.chunk_start_tokens) == ("chunk_start", 8)
-    for bad in (0, -1, 2.5, True, "8"):
-        with pytest.raises(UCMConfigError, match=r"chunk_start_tokens must be a positive int"):
-            BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {
-                "ratio": 0.1, "chunk_start_tokens": bad}}})
+
+    def config(**meta):
+        return BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {"ratio": 0.1, **meta}}})
+
+    assert (config(selection="chunk_start", chunk_start_tokens=8).chunk_start_tokens) == 8
+    assert config(chunk_start_tokens=0).chunk_start_tokens == 0  # "query": no chunk starts first
+    assert config(chunk_start_tokens=16).chunk_start_tokens == 16  # "query" + EPIC's rows
+    assert config().chunk_start_tokens is None  # the rule's default
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(UCMConfigError, match=r"chunk_start_tokens must be an int >= 0"):
+            config(chunk_start_tokens=bad)
+    with pytest.raises(UCMConfigError, match=r"chunk_start_tokens must be a positive int with selection 'chunk_start'"):
+        config(selection="chunk_start", chunk_start_tokens=0)
+
+
+def test_chunk_start_tokens_default_per_rule():
+    from ucm.sparse.blend.vocabulary import DEFAULT_CHUNK_START_TOKENS, Selection, chunk_start_tokens_for
+
+    assert chunk_start_tokens_for(Selection.CHUNK_START, None) == DEFAULT_CHUNK_START_TOKENS
+    assert chunk_start_tokens_for(Selection.CHUNK_START, 8) == 8
+    assert chunk_start_tokens_for(Selection.QUERY, None) == 0
+    assert chunk_start_tokens_for(Selection.HKVD, 16) == 16

@@ -19,7 +19,9 @@ class Mode:
     name: str
     ratio: float | None  # None: full prefill (Blend disabled for the request)
     selection: str | None = None  # how Blend ranks the tokens it recomputes; None: ratio 0 or 1 (no ranking)
-    chunk_start_tokens: int | None = None  # the "chunk_start" selection's k (tokens per chunk)
+    # Tokens per loaded chunk recomputed first: the "chunk_start" selection's k (all it recomputes),
+    # or EPIC's rows combined with a ranked rule (within the ratio); None: the rule's default.
+    chunk_start_tokens: int | None = None
 
     @property
     def is_full(self) -> bool:
@@ -61,6 +63,15 @@ def chunk_start_mode(k: int) -> Mode:
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"chunk_start tokens must be a positive int, got {k!r}")
     return Mode(f"chunk_start {k}", 0.0, Selection.CHUNK_START.label, k)
+
+
+def plus_chunk_start(modes: Iterable[Mode], k: int) -> list[Mode]:
+    """Each ranked mode again with EPIC's first k tokens of every chunk recomputed first, within
+    its ratio ("blend 0.15 +start 16")."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"chunk_start tokens must be a positive int, got {k!r}")
+    return [Mode(f"{m.name} +start {k}", m.ratio, m.selection, k) for m in modes
+            if m.selection not in (None, Selection.CHUNK_START.label) and m.chunk_start_tokens is None]
 
 
 def pareto_modes(ratios: Iterable[float], selections: Iterable[str], chunk_start_ks: Iterable[int]) -> list[Mode]:

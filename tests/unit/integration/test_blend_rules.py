@@ -14,11 +14,15 @@ def region(selection, starts, k):
 
 
 def test_chunk_start_rows_are_the_first_k_of_each_loaded_chunk():
-    # Request 0: positions 5..44, chunks loaded from 10 and 30; request 1 (another rule): 0..9.
-    positions = torch.cat([torch.arange(5, 45), torch.arange(0, 10)])
-    segment = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(10, dtype=torch.long)])
+    # Request 0 (EPIC): positions 5..44, chunks loaded from 10 and 30; request 1 (a ranked rule
+    # without chunk starts): 0..9; request 2 (a ranked rule with 2 chunk-start tokens): 98..103.
+    positions = torch.cat([torch.arange(5, 45), torch.arange(0, 10), torch.arange(98, 104)])
+    segment = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(10, dtype=torch.long),
+                         torch.full((6,), 2, dtype=torch.long)])
     rows = BlendRows(None, [], None, None, positions, None, segment, None)
-    regions = {0: region(Selection.CHUNK_START, [10, 30], 4), 1: region(Selection.HKVD, [0], 4)}
+    regions = {0: region(Selection.CHUNK_START, [10, 30], 4), 1: region(Selection.HKVD, [0], 0),
+               2: region(Selection.QUERY, [100], 2)}
     near = _near_chunk_start(regions, rows)
-    assert positions[near].tolist() == [10, 11, 12, 13, 30, 31, 32, 33]
-    assert not near[segment == 1].any()  # rows before the first chunk and other rules: none
+    assert positions[near & (segment == 0)].tolist() == [10, 11, 12, 13, 30, 31, 32, 33]
+    assert not near[segment == 1].any()  # a rule with no chunk-start tokens: none
+    assert positions[near & (segment == 2)].tolist() == [100, 101]  # rows before the first chunk: none

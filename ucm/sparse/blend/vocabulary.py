@@ -24,7 +24,8 @@ class Selection(enum.IntEnum):
     KEY_L1 = 3  # absolute deviation: UCM Blend's rule
     KEY_L2 = 4  # squared deviation: LMCache's CacheBlend
     # EPIC (LegoLink): the first `chunk_start_tokens` of every loaded chunk, whatever the ratio,
-    # and nothing else; no deviation is measured.
+    # and nothing else; no deviation is measured. (A ranked rule given `chunk_start_tokens`
+    # recomputes those rows first, within its ratio, and ranks the rest.)
     CHUNK_START = 5
 
     @property
@@ -45,9 +46,27 @@ KEY_RULES = (Selection.KEY_L1, Selection.KEY_L2)  # rank by the check layer's K 
 DEFAULT_CHUNK_START_TOKENS = 16  # EPIC recomputes up to 32 tokens per chunk
 
 
-def is_token_count(value: Any) -> bool:
-    """A positive int (not a bool): chunk_start_tokens."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def is_token_count(value: Any, minimum: int = 1) -> bool:
+    """An int (not a bool) of at least `minimum`: chunk_start_tokens."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def chunk_start_tokens_for(selection: Selection, configured: int | None) -> int:
+    """Tokens per loaded chunk recomputed before any ranking: `configured`, or by default
+    DEFAULT_CHUNK_START_TOKENS for EPIC's rule (they are all it recomputes) and none for the
+    ranked rules."""
+    if selection == Selection.CHUNK_START:
+        return configured if configured else DEFAULT_CHUNK_START_TOKENS
+    return configured or 0
+
+
+def check_chunk_start_tokens(selection: Selection, count: Any) -> str | None:
+    """Why `count` is not a chunk_start_tokens for `selection` (None: it is)."""
+    if selection == Selection.CHUNK_START and not is_token_count(count):
+        return f"must be a positive int with selection 'chunk_start', got {count!r}"
+    if not is_token_count(count, minimum=0):
+        return f"must be an int >= 0, got {count!r}"
+    return None
 
 
 def is_ratio(value: Any) -> bool:

@@ -107,6 +107,8 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         if tp:
             oracle = tensor_model_parallel_all_reduce(oracle)
         score = torch.where(oracled[segment], oracle, score)
+    # Chunk-start rows (EPIC) come first, within a ranked request's ratio.
+    score = torch.where(batch.near_chunk_start, torch.full_like(score, float("inf")), score)
     hkvd = select_hkvd(score, loaded & ~at_starts[segment], segment, ratios, num_segments=num_reqs)
     hkvd |= loaded & batch.near_chunk_start
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
@@ -144,7 +146,7 @@ class _Batch:
     ratios: torch.Tensor  # [num_reqs] float32, 0 for requests not blending
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
-    near_chunk_start: torch.Tensor  # [n] rows of "chunk_start" requests within their chunk's first tokens
+    near_chunk_start: torch.Tensor  # [n] rows within the first chunk_start_tokens of their loaded chunk
     scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
     num_input_rows: int  # rows of vLLM's input (padding included)
 
@@ -216,10 +218,10 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
 
 
 def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
-    """[n] bool: rows of "chunk_start" requests among the first `chunk_start_tokens` of their chunk."""
+    """[n] bool: rows among the first `chunk_start_tokens` of their request's loaded chunks."""
     near = torch.zeros(b.positions.shape[0], dtype=torch.bool, device=b.positions.device)
     for i, region in regions.items():
-        if region.selection != Selection.CHUNK_START or not region.chunk_starts.numel():
+        if not region.chunk_start_tokens or not region.chunk_starts.numel():
             continue
         mine = b.segment == i
         pos = b.positions[mine].long()

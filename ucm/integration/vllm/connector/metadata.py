@@ -50,7 +50,7 @@ class BlendRegion:
     selection: str = QUERY_SELECTION  # how that share is ranked
     question_end: int = 0  # probe queries come from rows before this position (the prompt's end)
     chunk_starts: list[int] = field(default_factory=list)  # prompt positions where its loaded chunks start
-    chunk_start_tokens: int = 0  # the "chunk_start" selection recomputes these many tokens per chunk
+    chunk_start_tokens: int = 0  # recomputed at the start of every loaded chunk before any ranking
 
     @property
     def end(self) -> int:

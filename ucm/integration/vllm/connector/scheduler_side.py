@@ -26,7 +26,7 @@ from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
-from ucm.sparse.blend.vocabulary import Selection, is_ratio, is_token_count
+from ucm.sparse.blend.vocabulary import Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class SchedulerSide:
             state.blend_end = blend_region_end(plan, prompt_len)
         if state.blending:
             state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
-            state.chunk_start_tokens = self._chunk_start_tokens(request, params)
+            state.chunk_start_tokens = self._chunk_start_tokens(request, params, state.selection)
             state.work = region_work(plan, state.blend_end, state.ratio)
             if self._step_work and self._step_work + state.work > self.step_cap:
                 self.stats.add("blend_deferrals")
@@ -366,12 +366,14 @@ class SchedulerSide:
             return self.blend.ratio
         return float(ratio)
 
-    def _chunk_start_tokens(self, request: Request, params: dict) -> int:
-        count = params.get(CHUNK_START_TOKENS_PARAM, self.blend.chunk_start_tokens)
-        if not is_token_count(count):
-            logger.warning("request %s: %s must be a positive int, got %r; using %s", request.request_id,
-                           CHUNK_START_TOKENS_PARAM, count, self.blend.chunk_start_tokens)
-            return self.blend.chunk_start_tokens
+    def _chunk_start_tokens(self, request: Request, params: dict, selection: str) -> int:
+        rule = Selection.parse(selection)
+        configured = chunk_start_tokens_for(rule, self.blend.chunk_start_tokens)
+        count = params.get(CHUNK_START_TOKENS_PARAM, configured)
+        why = check_chunk_start_tokens(rule, count)
+        if why:
+            logger.warning("request %s: %s %s; using %s", request.request_id, CHUNK_START_TOKENS_PARAM, why, configured)
+            return configured
         return count
 
     def _selection(self, request: Request, params: dict) -> str:

@@ -49,7 +49,7 @@ class RegionRows:
     selection: Selection  # the rule ranking this request's loaded tokens
     question_end: int  # probe queries come from rows before this position
     chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
-    chunk_start_tokens: int  # recomputed per chunk by the "chunk_start" selection
+    chunk_start_tokens: int  # recomputed at the start of every loaded chunk before any ranking
 
 
 @dataclass

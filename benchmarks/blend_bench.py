@@ -33,6 +33,7 @@ from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_mo
                             plus_chunk_start)
 from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
+from ucm.eval.related import related_passages  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeSummary, summarize, unexpected_reports,  # noqa: E402
                               write_results_json)
 
@@ -66,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plus-chunk-start", type=int, default=None, metavar="K",
                    help="also run every ranked mode with the first K tokens of each loaded chunk recomputed "
                         "first, within its ratio (EPIC's rows plus the rule)")
+    p.add_argument("--index-related", type=int, default=0, metavar="K",
+                   help="index each passage after the K passages of the run most similar to it (TF-IDF), as "
+                        "FusionRAG prepares chunk KV; default 0: after the system message alone")
     p.add_argument("--kl-tokens", type=int, default=None,
                    help="measure the next-token KL to full prefill over this many answer tokens (one extra "
                         "request per token and mode; default 4 with --pareto, else 0)")
@@ -149,8 +153,12 @@ def run(llm, examples, modes: list[Mode], args):
         if args.verbose:
             tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
 
+    related = None
+    if args.index_related:
+        pool = list(dict.fromkeys(p for ex in examples for p in ex.passages))
+        related = {pool[i]: [pool[j] for j in js] for i, js in enumerate(related_passages(pool, args.index_related))}
     evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
-                               index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens)
+                               index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens, related=related)
     return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
                          on_measurement=show_answer, on_question=show_question)
 

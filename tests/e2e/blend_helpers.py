@@ -24,8 +24,10 @@ class Result:
     report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
 
 
-def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None):
+def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None, chunk_start_tokens=None):
     kv = {}
+    if chunk_start_tokens is not None:
+        kv["ucm_chunk_start_tokens"] = chunk_start_tokens
     if exact_prefix is not None:
         kv["ucm_exact_prefix"] = exact_prefix
     if ratio is not None:

@@ -285,3 +285,56 @@ def test_pareto_modes_hold_every_rule_and_epic_k():
     assert names == ["full prefill", "full reuse", "blend 0.15", "blend 0.3", "hkvd 0.15", "hkvd 0.3",
                      "key_l1 0.15", "key_l1 0.3", "chunk_start 8", "chunk_start 32", "blend 1"]
     assert modes[8].chunk_start_tokens == 8 and modes[8].selection == "chunk_start"
+
+
+def test_plus_chunk_start_repeats_the_ranked_modes_with_epic_rows():
+    from ucm.eval.modes import modes_for, plus_chunk_start
+
+    modes = modes_for([0, 0.15, 1], ["query", "hkvd"])
+    extra = plus_chunk_start(modes, 16)
+    assert [m.name for m in extra] == ["blend 0.15 +start 16", "hkvd 0.15 +start 16"]
+    assert all(m.chunk_start_tokens == 16 and m.ratio == 0.15 for m in extra)
+    assert plus_chunk_start(extra, 8) == []  # already combined
+    with pytest.raises(ValueError, match="positive int"):
+        plus_chunk_start(modes, 0)
+
+
+def test_related_passages_are_the_most_similar_others():
+    from ucm.eval.related import related_passages
+
+    pool = ["the cat sat on the mat", "a cat on a mat", "stock markets fell today", "markets fell sharply today",
+            "the cat sat on the mat"]
+    assert related_passages(pool, 1) == [[1], [0], [3], [2], [1]]  # a copy of itself is not its context
+    assert related_passages(pool, 0) == [[]] * 5
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        related_passages(pool, -1)
+
+
+def test_indexing_with_related_context_puts_it_between_system_and_passage():
+    from types import SimpleNamespace
+
+    from ucm.eval.measure import BlendEvaluator
+
+    class Tok:  # one token per word, the word's length as its id
+        def encode(self, text, add_special_tokens=False):
+            return [len(w) for w in text.split()]
+
+        def convert_tokens_to_ids(self, token):
+            return 2
+
+    sent = []
+
+    def generate(prompts, params, use_tqdm=False):
+        sent.extend(zip(prompts, params))
+        return [SimpleNamespace(kv_transfer_params={}) for _ in prompts]
+
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=300))
+    llm = SimpleNamespace(get_tokenizer=Tok, llm_engine=engine, generate=generate)
+    ev = BlendEvaluator(llm, related={"p1": ["r"]})
+    prompt = ChunkedPrompt([1, 2, 10, 11, 2, 20, 2, 30, 31], [2, 3, 2])
+    ev.index(prompt, ["p1", "p2"])
+    ctx = ev.context_ids(["r"])
+    assert ctx and sent[0][0]["prompt_token_ids"] == [1, 2] + ctx + [10, 11, 2]
+    assert sent[0][1].extra_args["kv_transfer_params"]["ucm_chunk_lengths"] == [2, len(ctx), 3]
+    assert sent[1][0]["prompt_token_ids"] == [1, 2, 20, 2]  # no related passage: as without context
+    assert sent[1][1].extra_args["kv_transfer_params"]["ucm_chunk_lengths"] == [2, 2]

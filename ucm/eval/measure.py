@@ -9,7 +9,7 @@ from typing import Any
 
 from ucm.eval.datasets import QAExample
 from ucm.eval.metrics import best_f1, normalize_answer, short_answer, token_f1
-from ucm.eval.prompts import ChunkedPrompt, build_prompt, chunk_end_token_id
+from ucm.eval.prompts import RELATED, ChunkedPrompt, build_prompt, chunk_end_token_id
 from ucm.eval.modes import Mode, REPORT_KEY
 
 
@@ -66,12 +66,13 @@ class BlendEvaluator:
     """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
 
     def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
-                 index_alone: bool = False, kl_tokens: int = 0):
+                 index_alone: bool = False, kl_tokens: int = 0, related: dict[str, list[str]] | None = None):
         self.llm = llm
         # Answer tokens over which the next-token KL to full prefill is measured (0: not measured;
         # the engine needs max_logprobs=-1): one extra one-token request per token and mode.
         self.kl_tokens = kl_tokens
         self.index_alone = index_alone  # index passages alone (the "alone" chunk-store policy)
+        self.related = related or {}  # passage -> passages indexed before it as context (related.py)
         self.max_tokens = max_tokens
         self.tokenizer = llm.get_tokenizer()
         self.marker = chunk_end_token_id(self.tokenizer)
@@ -124,15 +125,22 @@ class BlendEvaluator:
     def build(self, example: QAExample) -> ChunkedPrompt:
         return build_prompt(self.tokenizer, example, self.marker)
 
-    def index(self, prompt: ChunkedPrompt) -> tuple[float, list[dict]]:
-        """Store every chunk of the prompt (batched; these requests blend only the system chunk)."""
+    def index(self, prompt: ChunkedPrompt, passages: Sequence[str] = ()) -> tuple[float, list[dict]]:
+        """Store every chunk of the prompt (batched; these requests blend only the system chunk).
+        With `related`, each passage is indexed after its related passages (one context chunk,
+        worded so that it is never stored under a passage's own hash)."""
         system = 0 if self.index_alone else prompt.chunk_lengths[0]
-        prompts = [{"prompt_token_ids": ids} for ids in indexing_prompts(prompt, self.index_alone)]
-        params = [self.params(1, [n for n in (system, len(p["prompt_token_ids"]) - system) if n])
-                  for p in prompts]
+        token_ids = indexing_prompts(prompt, self.index_alone)
+        contexts = [self.context_ids(self.related.get(p, ())) for p in passages] or [[] for _ in token_ids]
+        prompts = [{"prompt_token_ids": ids[:system] + ctx + ids[system:]} for ids, ctx in zip(token_ids, contexts)]
+        params = [self.params(1, [n for n in (system, len(ctx), len(ids) - system) if n])
+                  for ids, ctx in zip(token_ids, contexts)]
         start = time.perf_counter()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start, [report_of(o) for o in outs]
+
+    def context_ids(self, texts: Sequence[str]) -> list[int]:
+        return [t for text in texts for t in self.tokenizer.encode(RELATED.format(passage=text), add_special_tokens=False)]
 
     def forget_local_prefix_cache(self) -> None:
         if not self.llm.reset_prefix_cache():
@@ -173,7 +181,7 @@ class BlendEvaluator:
     def run_question(self, qi: int, example: QAExample, modes: Sequence[Mode],
                      on_measurement: Callable[[Measurement], None] | None = None) -> QuestionResult:
         prompt = self.build(example)
-        index_s, index_reports = self.index(prompt)
+        index_s, index_reports = self.index(prompt, example.passages if self.related else ())
         measurements: list[Measurement] = []
         full: Measurement | None = None
         reference: list = []  # full prefill's next-token distributions over its own answer

@@ -16,6 +16,9 @@ from ucm.eval.datasets import QAExample
 DEFAULT_CHUNK_END_TOKEN = "<|im_end|>"
 SYSTEM = "<|im_start|>system\nYou answer questions about the passages the user gives you. Answer with a few words only."
 PASSAGE = "\n<|im_start|>user\n{passage}"
+# A related passage indexed before another one as its context (related.py): worded differently
+# from PASSAGE so that it is never stored under the passage's own chunk hash.
+RELATED = "\n<|im_start|>user\nRelated: {passage}<|im_end|>"
 QUESTION = "\n<|im_start|>user\nQuestion: {question}<|im_end|>\n<|im_start|>assistant\n{answer_prefix}"
 
 

@@ -202,6 +202,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "selections": args.selections, "dtype": args.dtype or "default",
             "max_num_batched_tokens": args.max_num_batched_tokens, "chunk_store": args.chunk_store,
             "chunk_start_tokens": {m.name: m.chunk_start_tokens for m in modes if m.chunk_start_tokens},
+            "index_related": getattr(args, "index_related", 0),
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),

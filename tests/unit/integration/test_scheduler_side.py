@@ -301,3 +301,25 @@ def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, pol
         assert stored_as_chunk == []
     else:
         assert {(d.start, d.num_tokens) for d in stored_as_chunk} == {(6, 4), (10, 3), (13, 4), (17, 2)}
+
+
+@pytest.mark.parametrize("knobs,expected", [
+    ({}, 0),  # the default rule ranks everything
+    ({"ucm_chunk_start_tokens": 16}, 16),  # EPIC's rows first, then the ranking
+    ({"ucm_blend_selection": "chunk_start"}, 16),  # EPIC alone: its default k
+    ({"ucm_blend_selection": "chunk_start", "ucm_chunk_start_tokens": 8}, 8),
+    ({"ucm_chunk_start_tokens": -1}, 0),  # refused with a warning: the configured default
+    ({"ucm_blend_selection": "chunk_start", "ucm_chunk_start_tokens": 0}, 16),  # EPIC needs k >= 1
+])
+def test_chunk_start_tokens_per_request_and_rule(tmp_path, monkeypatch, knobs, expected):
+    monkeypatch.delenv("UCM_API_SERVER", raising=False)
+    side = side_for(tmp_path)
+    req = request(side, "a", prompt(1))
+    req.kv_transfer_params = dict(knobs)
+    store_chunks(side, req.prompt_token_ids)
+    side.get_num_new_matched_tokens(req, 0)
+    meta, _ = step(side, [admit(side, req, 21)], {"a": 1})
+    (s,) = meta.requests
+    assert s.blend.chunk_start_tokens == expected and s.blend.chunk_starts
+    report = side.request_finished(req)["ucm"]
+    assert report["blended"] and report["chunk_start_tokens"] == expected

@@ -297,6 +297,7 @@ class SchedulerSide:
             "blended": state.blended,
             "ratio": state.ratio,
             "selection": state.selection,
+            "chunk_start_tokens": state.chunk_start_tokens,
             "fallback": state.fallback,
             "preemptions": state.preemptions,
             "refused_params": list(state.refused),

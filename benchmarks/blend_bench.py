@@ -30,7 +30,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
-                            plus_chunk_start)
+                            plus_chunk_start, plus_kv_shift)
 from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plus-chunk-start", type=int, default=None, metavar="K",
                    help="also run every ranked mode with the first K tokens of each loaded chunk recomputed "
                         "first, within its ratio (EPIC's rows plus the rule)")
+    p.add_argument("--plus-kv-shift", action="store_true",
+                   help="also run every ranked mode with the chunk-mean KV shift (ucm_kv_shift)")
+    p.add_argument("--only-added", action="store_true",
+                   help="with --plus-chunk-start / --plus-kv-shift: full prefill and the added modes only")
     p.add_argument("--index-related", type=int, default=0, metavar="K",
                    help="index each passage after the K passages of the run most similar to it (TF-IDF), as "
                         "FusionRAG prepares chunk KV; default 0: after the system message alone")
@@ -113,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         modes = pareto_modes(args.ratios, args.selections, args.chunk_start)
     else:
         modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
-    if args.plus_chunk_start:
-        modes += plus_chunk_start(modes, args.plus_chunk_start)
+    added = (plus_chunk_start(modes, args.plus_chunk_start) if args.plus_chunk_start else []) + (
+        plus_kv_shift(modes) if args.plus_kv_shift else [])
+    modes = [m for m in modes if m.is_full] + added if args.only_added else modes + added
     with run_store(args, "ucm-blend-bench-") as store:
         print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"

@@ -115,11 +115,15 @@ class Cache:
 
 
 def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: Cache | None,
-            probe_rows: torch.Tensor | None = None):
+            probe_rows: torch.Tensor | None = None, shift=None):
     """One prefill over `ids` where layer i computes only the rows `computed[i]` ([n] bool); the
     others keep `stale`'s KV. A row computed at layer i but not at i - 1 starts from `stale`'s
     residual stream at layer i. Returns (Cache of the result, hidden of the last layer, attention
-    mass the `probe_rows` pay each row per layer or None)."""
+    mass the `probe_rows` pay each row per layer or None).
+
+    `shift` (chunk of each row, -1 outside loaded chunks; a reference Cache or None) moves the
+    stored K (before RoPE) and V of every row not computed by its chunk's mean error at that
+    layer: measured on the chunk's computed rows, or with a reference, on all of its rows."""
     n = len(ids)
     pos = torch.arange(n)
     h = model.embed(ids)
@@ -136,6 +140,8 @@ def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: C
         idx = torch.nonzero(rows).flatten()
         q, k_new, v_new = model.qkv(i, h[idx], pos[idx])
         k[idx], v[idx] = k_new, v_new
+        if shift is not None and stale is not None:
+            _shift_chunks(model, i, k, v, rows, stale, shift, pos)
         want = probe_rows is not None
         out, p = model.attend(q, pos[idx], k, v, pos, want_probs=want)
         if want:
@@ -148,6 +154,24 @@ def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: C
         ks.append(k)
         vs.append(v)
     return Cache(ks, vs, hs), h, (masses if probe_rows is not None else None)
+
+
+def _shift_chunks(model, i, k, v, rows, stale, shift, pos) -> None:
+    chunk_of, reference = shift
+    for c in chunk_of.unique().tolist():
+        if c < 0:
+            continue
+        mine = chunk_of == c
+        src = mine if reference is not None else mine & rows
+        dst = mine & ~rows
+        if not bool(src.any()) or not bool(dst.any()):
+            continue
+        fk = (reference.k[i] if reference is not None else k)[src]
+        fv = (reference.v[i] if reference is not None else v)[src]
+        dk = (model.rope(fk, -pos[src]) - model.rope(stale.k[i][src], -pos[src])).mean(0)
+        dv = (fv - stale.v[i][src]).mean(0)
+        k[dst] = model.rope(model.rope(k[dst], -pos[dst]) + dk, pos[dst])
+        v[dst] = v[dst] + dv
 
 
 def chunk_spans(lengths: list[int]) -> list[tuple[int, int]]:
@@ -180,7 +204,7 @@ def stale_cache(model: Llama, ids: list[int], spans, contexts: list[list[int]] |
     return Cache(ks, vs, hs)
 
 
-def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int], max_tokens: int, tok):
+def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int], max_tokens: int, tok, shift=None):
     """(log-probs after the prompt and after each token of `forced`, greedy answer ids): the
     prompt's rows as `computed` says, answer rows computed at every layer (teacher-forced on
     `forced` for the log-probs, greedy from the prompt alone for the answer)."""
@@ -193,7 +217,15 @@ def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int]
         stale_ext = Cache([torch.cat([k, torch.zeros(pad, *k.shape[1:])]) for k in stale.k],
                           [torch.cat([v, torch.zeros(pad, *v.shape[1:])]) for v in stale.v],
                           [torch.cat([h, torch.zeros(pad, h.shape[1])]) for h in stale.hidden])
-    cache, h, _ = forward(model, ids + forced, ext, stale_ext)
+    if shift is not None:
+        chunk_of, reference = shift
+        pad = m - n
+        chunk_of = torch.cat([chunk_of, torch.full((pad,), -1, dtype=torch.long)])
+        if reference is not None:
+            reference = Cache([torch.cat([k, torch.zeros(pad, *k.shape[1:])]) for k in reference.k],
+                              [torch.cat([v, torch.zeros(pad, *v.shape[1:])]) for v in reference.v], reference.hidden)
+        shift = (chunk_of, reference)
+    cache, h, _ = forward(model, ids + forced, ext, stale_ext, shift=shift)
     lps = torch.log_softmax(model.logits(h[n - 1:]), -1)
     # Greedy: decode row by row over the prompt's KV, the first token from its last row.
     out = [int(lps[0].argmax())]
@@ -235,6 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--start-tokens", type=int, default=16)
     p.add_argument("--related", type=int, default=2)
     p.add_argument("--kl-tokens", type=int, default=2)
+    p.add_argument("--shift", action="store_true", help="also the chunk-mean KV shift variants")
+    p.add_argument("--no-chunks", action="store_true", help="leave out the whole-chunk variants")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reuse_study.json"))
     args = p.parse_args(argv)
@@ -280,7 +314,12 @@ def main(argv=None) -> int:
         for a, b in spans[1:]:
             starts[a:min(b, a + args.start_tokens)] = True
         num_loaded = int(loaded.sum())
-        variants: dict[str, tuple[list, Cache]] = {"reuse": ([~loaded] * L, stale)}
+        variants: dict[str, tuple] = {"reuse": ([~loaded] * L, stale)}
+        chunk_of = torch.full((n,), -1, dtype=torch.long)
+        for c, (a, b) in enumerate(spans[2:]):  # the first passage's stored KV is exact
+            chunk_of[a:b] = c
+        if args.shift:
+            variants["reuse +true shift"] = ([~loaded] * L, stale, (chunk_of, full_cache))
         # Whole chunks, most attended per token first (under full prefill, as the oracle), until
         # the ratio's token count is reached; the rest of the budget by the oracle's ranking.
         attention = sum(masses[1:])
@@ -289,10 +328,15 @@ def main(argv=None) -> int:
             k = round(r * num_loaded)
             sel = topk_mask(score, loaded, k)
             variants[f"oracle {r:g}"] = ([~loaded | sel] * L, stale)
+            if args.shift:
+                variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, (chunk_of, None))
+                variants[f"oracle {r:g} +true shift"] = ([~loaded | sel] * L, stale, (chunk_of, full_cache))
             if args.start_tokens:
                 pinned = starts & loaded
                 rest = topk_mask(score, loaded & ~pinned, max(0, k - int(pinned.sum())))
                 variants[f"oracle {r:g} +start {args.start_tokens}"] = ([~loaded | pinned | rest] * L, stale)
+            if args.no_chunks:
+                continue
             whole = torch.zeros(n, dtype=torch.bool)
             for a, b in chunk_order:
                 if int(whole.sum()) + (b - a) > k:
@@ -309,8 +353,9 @@ def main(argv=None) -> int:
             rel = stale_cache(model, ids, spans, contexts)
             variants[f"related {args.related}"] = ([~loaded] * L, rel)
         row = {"question": qi, "prompt_tokens": n, "full_answer": short_answer(full_text), "variants": {}}
-        for name, (computed, cache) in variants.items():
-            lp, out_ids = answer_with(model, ids, computed, cache, forced, args.max_tokens, tok)
+        for name, (computed, cache, *shift) in variants.items():
+            lp, out_ids = answer_with(model, ids, computed, cache, forced, args.max_tokens, tok,
+                                      shift=shift[0] if shift else None)
             text = tok.decode(out_ids)
             cost = sum(int((c & loaded).sum()) for c in computed) / (L * num_loaded)
             row["variants"][name] = {

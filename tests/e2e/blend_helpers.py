@@ -24,8 +24,11 @@ class Result:
     report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
 
 
-def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None, chunk_start_tokens=None):
+def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None, chunk_start_tokens=None,
+           kv_shift=None):
     kv = {}
+    if kv_shift is not None:
+        kv["ucm_kv_shift"] = kv_shift
     if chunk_start_tokens is not None:
         kv["ucm_chunk_start_tokens"] = chunk_start_tokens
     if exact_prefix is not None:

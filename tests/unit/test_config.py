@@ -477,3 +477,16 @@ def test_chunk_start_tokens_default_per_rule():
     assert chunk_start_tokens_for(Selection.CHUNK_START, 8) == 8
     assert chunk_start_tokens_for(Selection.QUERY, None) == 0
     assert chunk_start_tokens_for(Selection.HKVD, 16) == 16
+
+def test_kv_shift_is_a_bool():
+    from ucm.config import BlendConfig, UCMConfigError
+
+    layer = "model.layers.1.self_attn.attn"
+
+    def config(**meta):
+        return BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {"ratio": 0.1, **meta}}})
+
+    assert config().kv_shift is False and config(kv_shift=True).kv_shift is True
+    for bad in (1, "true", None):
+        with pytest.raises(UCMConfigError, match=r"kv_shift must be true or false"):
+            config(kv_shift=bad)

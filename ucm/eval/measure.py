@@ -81,7 +81,7 @@ class BlendEvaluator:
 
     def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
                disable_blend: bool = False, selection: str | None = None, chunk_start_tokens: int | None = None,
-               logprobs: int | None = None):
+               logprobs: int | None = None, kv_shift: bool = False):
         from vllm import SamplingParams
 
         kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
@@ -93,12 +93,15 @@ class BlendEvaluator:
             kv["ucm_blend_selection"] = selection
         if chunk_start_tokens is not None:
             kv["ucm_chunk_start_tokens"] = chunk_start_tokens
+        if kv_shift:
+            kv["ucm_kv_shift"] = True
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs,
                               extra_args={"kv_transfer_params": kv})
 
     def mode_params(self, max_tokens: int, chunked: ChunkedPrompt, mode: Mode, logprobs: int | None = None):
         return self.params(max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
-                           selection=mode.selection, chunk_start_tokens=mode.chunk_start_tokens, logprobs=logprobs)
+                           selection=mode.selection, chunk_start_tokens=mode.chunk_start_tokens, logprobs=logprobs,
+                           kv_shift=mode.kv_shift)
 
     def next_token_logprobs(self, chunked: ChunkedPrompt, mode: Mode, answer_ids: Sequence[int]) -> list:
         """The mode's next-token log-probabilities (``[vocab]`` float32 tensors) after the prompt

@@ -22,6 +22,7 @@ class Mode:
     # Tokens per loaded chunk recomputed first: the "chunk_start" selection's k (all it recomputes),
     # or EPIC's rows combined with a ranked rule (within the ratio); None: the rule's default.
     chunk_start_tokens: int | None = None
+    kv_shift: bool = False  # move the reused KV by its chunk's mean error (sparse/blend/kv_shift.py)
 
     @property
     def is_full(self) -> bool:
@@ -72,6 +73,12 @@ def plus_chunk_start(modes: Iterable[Mode], k: int) -> list[Mode]:
         raise ValueError(f"chunk_start tokens must be a positive int, got {k!r}")
     return [Mode(f"{m.name} +start {k}", m.ratio, m.selection, k) for m in modes
             if m.selection not in (None, Selection.CHUNK_START.label) and m.chunk_start_tokens is None]
+
+
+def plus_kv_shift(modes: Iterable[Mode]) -> list[Mode]:
+    """Each ranked mode again with the chunk-mean KV shift ("blend 0.15 +shift")."""
+    return [Mode(f"{m.name} +shift", m.ratio, m.selection, m.chunk_start_tokens, True) for m in modes
+            if m.selection not in (None, Selection.CHUNK_START.label) and not m.kv_shift]
 
 
 def pareto_modes(ratios: Iterable[float], selections: Iterable[str], chunk_start_ks: Iterable[int]) -> list[Mode]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -323,3 +324,21 @@ def test_chunk_start_tokens_per_request_and_rule(tmp_path, monkeypatch, knobs, e
     assert s.blend.chunk_start_tokens == expected and s.blend.chunk_starts
     report = side.request_finished(req)["ucm"]
     assert report["blended"] and report["chunk_start_tokens"] == expected
+
+
+@pytest.mark.parametrize("knobs,configured,expected", [
+    ({}, False, False), ({"ucm_kv_shift": True}, False, True), ({}, True, True), ({"ucm_kv_shift": False}, True, False),
+    ({"ucm_kv_shift": "yes"}, False, False),  # refused with a warning: the configured value
+])
+def test_kv_shift_per_request(tmp_path, monkeypatch, knobs, configured, expected):
+    monkeypatch.delenv("UCM_API_SERVER", raising=False)
+    side = side_for(tmp_path)
+    side.blend = dataclasses.replace(side.blend, kv_shift=configured)
+    req = request(side, "a", prompt(1))
+    req.kv_transfer_params = dict(knobs)
+    store_chunks(side, req.prompt_token_ids)
+    side.get_num_new_matched_tokens(req, 0)
+    meta, _ = step(side, [admit(side, req, 21)], {"a": 1})
+    (s,) = meta.requests
+    assert s.blend.kv_shift is expected
+    assert side.request_finished(req)["ucm"]["kv_shift"] is expected

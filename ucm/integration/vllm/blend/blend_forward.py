@@ -27,6 +27,7 @@ from ucm.integration.vllm.blend.lora_rows import LoraRows, within
 from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
                                                run_subset)
+from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.connector.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
@@ -123,7 +124,8 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n, check,
                  pseudo.num_runs)
     idx = pseudo.token_indices
-    h, r = run_subset(layers[check:], b, pseudo, hidden, residual)
+    shift = _kv_shift_plan(batch, step, loaded & ~compute, idx, loaded[idx])
+    h, r = run_subset(layers[check:], b, pseudo, hidden, residual, shift)
     if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)
     hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
@@ -147,6 +149,7 @@ class _Batch:
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
     near_chunk_start: torch.Tensor  # [n] rows within the first chunk_start_tokens of their loaded chunk
+    chunk_of: tuple[torch.Tensor, int]  # ([n] chunk index of rows of kv_shift requests, else -1; number of chunks)
     scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
     num_input_rows: int  # rows of vLLM's input (padding included)
 
@@ -180,7 +183,8 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
         segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)
         rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
                          LoraRows.of(model, torch.arange(n, device=device)))
-        return _Batch(rows, hidden, ratios, rules, question_end, _near_chunk_start(regions, rows), None, num_rows)
+        return _Batch(rows, hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
+                      _chunk_of(regions, rows), None, num_rows)
     lens, offset = [], 0
     region_rows, scheduled = [], []
     for i in range(num_reqs):
@@ -213,8 +217,8 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
     new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
                                    max_query_len=int(lens_t.max()))
     rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora)
-    return _Batch(rows, out_hidden, ratios, rules, question_end, _near_chunk_start(regions, rows), scheduled,
-                  num_rows)
+    return _Batch(rows, out_hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
+                  _chunk_of(regions, rows), scheduled, num_rows)
 
 
 def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
@@ -229,6 +233,37 @@ def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
         start = region.chunk_starts[at.clamp(min=0)]
         near[mine] = (at >= 0) & (pos - start < region.chunk_start_tokens)
     return near
+
+
+def _chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, int]:
+    """([n] long, count): each row's loaded chunk, numbered across the batch, for requests with
+    kv_shift on (-1 elsewhere and before a request's first loaded chunk)."""
+    chunk = torch.full((b.positions.shape[0],), -1, dtype=torch.long, device=b.positions.device)
+    count = 0
+    for i, region in regions.items():
+        if not region.kv_shift or not region.chunk_starts.numel():
+            continue
+        mine = b.segment == i
+        at = torch.searchsorted(region.chunk_starts, b.positions[mine].long(), right=True) - 1
+        chunk[mine] = torch.where(at >= 0, at + count, at.new_tensor(-1))
+        count += region.chunk_starts.numel()
+    return chunk, count
+
+
+def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,
+                   idx_loaded: torch.Tensor) -> KVShiftPlan | None:
+    """The main pass's chunk-mean KV shift: its loaded rows (`idx_loaded` over the pass rows `idx`)
+    estimate each chunk's error, the loaded rows `left_out` are moved; None when no request shifts."""
+    chunk, count = batch.chunk_of
+    if not count or step.rope is None:
+        return None
+    b = batch.rows
+    src = torch.nonzero(idx_loaded & (chunk[idx] >= 0)).flatten()
+    dst = left_out & (chunk >= 0)
+    step.stats.add("kv_shifted_tokens", int(dst.sum()))
+    src_rows = idx[src]
+    return KVShiftPlan(src, b.slot_mapping[src_rows], chunk[src_rows], b.positions[src_rows].long(),
+                       b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), count, *step.rope)
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ucm.integration.vllm.blend.lora_rows import LoraRows, within
-from ucm.integration.vllm.blend.sparse_attention import subset_attention, subset_metadata
+from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan, subset_attention, subset_metadata
 from ucm.sparse.blend.query_probe import attention_mass
 from ucm.sparse.blend.runs import PseudoBatch, pseudo_request_metadata
 
@@ -64,11 +64,12 @@ def run_layers(layers, b: BlendRows, rows: torch.Tensor, hidden, residual):
     return hidden, residual
 
 
-def run_subset(layers, b: BlendRows, pseudo: PseudoBatch, hidden, residual):
+def run_subset(layers, b: BlendRows, pseudo: PseudoBatch, hidden, residual, shift: KVShiftPlan | None = None):
     """Runs `layers` on the rows of `pseudo` only, attention exactly causal over the paged KV.
 
     Returns new (hidden, residual) rows; the rows are gathered as copies, so the caller's tensors
-    are untouched. The KV of these rows is written into the cache as each layer runs.
+    are untouched. The KV of these rows is written into the cache as each layer runs (after
+    `shift` moved the KV of the loaded rows left out, when given).
     """
     idx = pseudo.token_indices
     attn_layers = b.attn_layers()
@@ -82,7 +83,7 @@ def run_subset(layers, b: BlendRows, pseudo: PseudoBatch, hidden, residual):
     fc.slot_mapping = {name: sub.slot_mapping for name in b.layer_names}
     try:
         h, r = hidden[idx], None if residual is None else residual[idx]
-        with subset_attention(attn_layers, b.layout), b.lora_rows(idx):
+        with subset_attention(attn_layers, b.layout, shift), b.lora_rows(idx):
             for layer in layers:
                 h, r = layer(sel_positions, h, r)
     finally:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ucm.sparse.blend.kv_shift import chunk_mean_errors, shift_kv
 from ucm.sparse.blend.runs import PseudoBatch
 from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
                                                tiled_causal_attention)
@@ -82,15 +83,52 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
     return SubsetAttentionMetadata(pseudo.num_tokens, slot_mapping, kernel, kernel_rows, tiled)
 
 
+@dataclass
+class KVShiftPlan:
+    """The chunk-mean KV shift of one subset pass (sparse/blend/kv_shift.py): before each layer
+    writes the pass's KV, the stored KV of the loaded rows left out is moved by its chunk's mean
+    error on the loaded rows the pass recomputes."""
+
+    src: torch.Tensor  # pass rows (index into its K/V) that are loaded rows
+    src_slots: torch.Tensor
+    src_chunk: torch.Tensor  # [len(src)] chunk index, in [0, num_chunks)
+    src_positions: torch.Tensor
+    dst_slots: torch.Tensor  # loaded rows the pass leaves out
+    dst_chunk: torch.Tensor
+    dst_positions: torch.Tensor
+    num_chunks: int
+    cos_sin: torch.Tensor  # float32 cos/sin cache of the model's RoPE
+    is_neox: bool
+
+    def apply(self, layout, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Moves the left-out rows' KV in ``kv_cache``; must run before the pass's rows overwrite
+        their stored KV (`key`, `value`: the pass's fresh ``[rows, kv_heads, head_size]``)."""
+        if not self.src.numel() or not self.dst_slots.numel():
+            return
+        stored_k, stored_v = layout.gather(kv_cache, self.src_slots)
+        dk, dv, has = chunk_mean_errors(key[self.src], stored_k, value[self.src], stored_v, self.src_chunk,
+                                        self.src_positions, self.num_chunks, self.cos_sin, self.is_neox)
+        k, v = layout.gather(kv_cache, self.dst_slots)
+        k, v = shift_kv(k, v, self.dst_chunk, self.dst_positions, dk, dv, has, self.cos_sin, self.is_neox)
+        layout.scatter(kv_cache, self.dst_slots, k, v)
+
+
 class SubsetAttentionImpl:
     """Stands in for one layer's vLLM attention impl during a subset pass."""
 
-    def __init__(self, inner, layout) -> None:
+    def __init__(self, inner, layout, shift: KVShiftPlan | None = None) -> None:
         self.inner = inner
         self.layout = layout
+        self.shift = shift
 
-    def __getattr__(self, name):  # everything but forward is vLLM's (do_kv_cache_update included)
+    def __getattr__(self, name):  # everything but forward and the KV write is vLLM's
         return getattr(self.inner, name)
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        if self.shift is not None:
+            n, d = key.shape[0], self.inner.head_size
+            self.shift.apply(self.layout, kv_cache, key.reshape(n, -1, d), value.reshape(n, -1, d))
+        return self.inner.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
@@ -121,12 +159,12 @@ class SubsetAttentionImpl:
 
 
 @contextlib.contextmanager
-def subset_attention(attn_layers, layout):
+def subset_attention(attn_layers, layout, shift: KVShiftPlan | None = None):
     """Puts `SubsetAttentionImpl` in front of each layer's impl, for one subset pass."""
     saved = [layer.impl for layer in attn_layers]
     try:
         for layer, impl in zip(attn_layers, saved):
-            layer.impl = SubsetAttentionImpl(impl, layout)
+            layer.impl = SubsetAttentionImpl(impl, layout, shift)
         yield
     finally:
         for layer, impl in zip(attn_layers, saved):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, CHUNK_START_TOKENS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
+                        KV_SHIFT_PARAM,
                         ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
 from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
@@ -56,6 +57,7 @@ class _RequestState:
     ratio: float | None = None
     selection: str | None = None
     chunk_start_tokens: int = 0
+    kv_shift: bool = False
     work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
@@ -215,6 +217,7 @@ class SchedulerSide:
         if state.blending:
             state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
             state.chunk_start_tokens = self._chunk_start_tokens(request, params, state.selection)
+            state.kv_shift = self._kv_shift(request, params)
             state.work = region_work(plan, state.blend_end, state.ratio)
             if self._step_work and self._step_work + state.work > self.step_cap:
                 self.stats.add("blend_deferrals")
@@ -298,6 +301,7 @@ class SchedulerSide:
             "ratio": state.ratio,
             "selection": state.selection,
             "chunk_start_tokens": state.chunk_start_tokens,
+            "kv_shift": state.kv_shift,
             "fallback": state.fallback,
             "preemptions": state.preemptions,
             "refused_params": list(state.refused),
@@ -342,7 +346,8 @@ class SchedulerSide:
                 tokens = state.request.prompt_token_ids
                 step.blend = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio,
                                          state.selection, state.prompt_len,
-                                         sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens)
+                                         sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens,
+                                         state.kv_shift)
                 loaded = [b for b in plan.loaded if b.placed.start < end]
                 if not state.preemptions:
                     self.stats.add("blended_requests")
@@ -366,6 +371,14 @@ class SchedulerSide:
                            request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
             return self.blend.ratio
         return float(ratio)
+
+    def _kv_shift(self, request: Request, params: dict) -> bool:
+        value = params.get(KV_SHIFT_PARAM, self.blend.kv_shift)
+        if not isinstance(value, bool):
+            logger.warning("request %s: %s must be true or false, got %r; using %s", request.request_id,
+                           KV_SHIFT_PARAM, value, self.blend.kv_shift)
+            return self.blend.kv_shift
+        return value
 
     def _chunk_start_tokens(self, request: Request, params: dict, selection: str) -> int:
         rule = Selection.parse(selection)

@@ -38,6 +38,7 @@ COUNTERS: dict[str, str] = {
     "dump_bytes": "Bytes handed to the store",
     "recomputed_tokens": "Loaded chunk tokens recomputed from the check layer on",
     "reused_tokens": "Loaded chunk tokens that kept their loaded KV from the check layer on",
+    "kv_shifted_tokens": "Reused chunk tokens whose KV was moved by their chunk's mean error (kv_shift)",
     "probe_tokens": "Tokens run an extra time through the check layer and the layers after it to rank the loaded tokens",
 }
 

@@ -50,6 +50,7 @@ class RegionRows:
     question_end: int  # probe queries come from rows before this position
     chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
     chunk_start_tokens: int  # recomputed at the start of every loaded chunk before any ranking
+    kv_shift: bool  # move the KV not recomputed by its chunk's mean error
 
 
 @dataclass
@@ -66,6 +67,7 @@ class BlendStep:
     layout: KVLayout
     caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
     stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
+    rope: tuple | None = None  # (float32 cos/sin cache, is_neox_style) of the model: the KV shift rotates K errors
 
 
 @dataclass
@@ -202,7 +204,8 @@ class WorkerSide:
                 check_v = torch.zeros((0, *self._token_shape[2:]), dtype=self._dtype, device=self._device)
                 check_k = None
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
-                                         self.check_layer, self.layout, self.caches, self.stats)
+                                         self.check_layer, self.layout, self.caches, self.stats,
+                                         None if self._cos_sin is None else (self._cos_sin, self._is_neox))
         elapsed = time.perf_counter() - start
         self.stats.add("load_ms", 1000.0 * elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
@@ -215,7 +218,7 @@ class WorkerSide:
                           torch.tensor(region.token_ids, dtype=torch.long, device=self._device), slots[:n],
                           region.ratio, Selection.parse(region.selection), region.question_end,
                           torch.tensor(region.chunk_starts, dtype=torch.long, device=self._device),
-                          region.chunk_start_tokens)
+                          region.chunk_start_tokens, region.kv_shift)
 
     def _count_load(self, block: torch.Tensor) -> None:
         self.stats.add("loaded_blocks")

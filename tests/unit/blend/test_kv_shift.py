@@ -1,0 +1,62 @@
+"""The chunk-mean KV shift (ucm/sparse/blend/kv_shift.py)."""
+
+import pytest
+import torch
+
+from ucm.sparse.blend.kv_shift import chunk_mean_errors, shift_kv
+from ucm.sparse.blend.rope import rotate_keys
+
+
+def rope_cache(max_pos=512, dim=8, theta=10000.0):
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+    ang = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=-1)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_a_common_error_before_rope_is_recovered_and_removed(neox):
+    # Every token of chunk 0 is off by the same pre-RoPE K error and V error, chunk 1 by another;
+    # chunk 2 has no recomputed token. The mean over the recomputed tokens moves the others onto
+    # their fresh KV exactly.
+    torch.manual_seed(0)
+    cs = rope_cache()
+    n, heads, d = 30, 2, 8
+    pos = torch.randperm(400)[:n].sort().values
+    chunk = torch.tensor([0] * 10 + [1] * 10 + [2] * 10)
+    fresh_pre, v_fresh = torch.randn(n, heads, d), torch.randn(n, heads, d)
+    err_k, err_v = torch.randn(3, heads, d), torch.randn(3, heads, d)
+    fresh = rotate_keys(fresh_pre, pos, cs, neox)
+    stored = rotate_keys(fresh_pre - err_k[chunk], pos, cs, neox)
+    v_stored = v_fresh - err_v[chunk]
+    recomputed = torch.tensor(([True] * 3 + [False] * 7) * 2 + [False] * 10)
+    dk, dv, has = chunk_mean_errors(fresh[recomputed], stored[recomputed], v_fresh[recomputed],
+                                    v_stored[recomputed], chunk[recomputed], pos[recomputed], 3, cs, neox)
+    assert has.tolist() == [True, True, False]
+    assert torch.allclose(dk[:2], err_k[:2], atol=1e-4) and torch.allclose(dv[:2], err_v[:2], atol=1e-5)
+    left = ~recomputed
+    k, v = shift_kv(stored[left], v_stored[left], chunk[left], pos[left], dk, dv, has, cs, neox)
+    moved = chunk[left] < 2
+    assert torch.allclose(k[moved], fresh[left][moved], atol=1e-4)
+    assert torch.allclose(v[moved], v_fresh[left][moved], atol=1e-5)
+    # Chunk 2 had no estimate: as stored.
+    assert torch.equal(k[~moved], stored[left][~moved]) and torch.equal(v[~moved], v_stored[left][~moved])
+
+
+def test_shift_keeps_the_dtype_and_leaves_inputs_alone():
+    cs = rope_cache()
+    k = torch.randn(4, 1, 8, dtype=torch.bfloat16)
+    v = torch.randn(4, 1, 8, dtype=torch.bfloat16)
+    k0, v0 = k.clone(), v.clone()
+    dk, dv = torch.ones(1, 1, 8), torch.ones(1, 1, 8)
+    out_k, out_v = shift_kv(k, v, torch.zeros(4, dtype=torch.long), torch.arange(4), dk, dv, torch.tensor([True]), cs,
+                            True)
+    assert out_k.dtype == out_v.dtype == torch.bfloat16
+    assert torch.equal(k, k0) and torch.equal(v, v0)
+    assert torch.allclose(out_v.float(), v.float() + 1, atol=1e-2)
+
+
+def test_mismatched_shapes_name_the_problem():
+    cs = rope_cache()
+    with pytest.raises(ValueError, match="must cover the same tokens"):
+        chunk_mean_errors(torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8),
+                          torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long), 1, cs, True)

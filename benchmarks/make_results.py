@@ -46,6 +46,39 @@ EVAL_RUNS = [
      "python examples/offline_inference_blend.py --dataset ../shared/data/musique_dev.json --num-questions 16 -q "
      "--chunk-store alone --out benchmarks/results/chunk_store_alone.json"),
 ]
+# Runs that add modes to an earlier run's questions (compare them question by question).
+EVAL_RUNS += [
+    ("blend_kv_shift_generated50.json", "KV shift, generated set, 50 questions (next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
+     "--ratios 0.15,0.3 --selections query --plus-kv-shift --only-added --kl-tokens 2 --no-plot "
+     "--out benchmarks/results/blend_kv_shift_generated50.json"),
+    ("blend_kv_shift_generated200.json", "KV shift, generated set, 200 questions",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
+     "--ratios 0.15,0.3 --selections query --plus-kv-shift --no-plot "
+     "--out benchmarks/results/blend_kv_shift_generated200.json"),
+    ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
+     "--kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_musique.json"),
+    ("blend_epic_query_generated50.json", "EPIC's chunk starts with the query rule, generated set, 50 questions",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
+     "--ratios 0.15,0.3 --selections query --plus-chunk-start 16 --kl-tokens 2 --no-plot "
+     "--out benchmarks/results/blend_epic_query_generated50.json"),
+]
+# (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
+# compared question by question.
+PAIRED = [
+    ("KV shift against the query rule alone, generated set, 50 questions", "blend_epic_query_generated50.json",
+     "blend_kv_shift_generated50.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
+    ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
+     "blend_epic_query_generated50.json", [("blend 0.15", "blend 0.15 +start 16"), ("blend 0.3", "blend 0.3 +start 16")]),
+]
+STUDY_RUNS = [
+    ("reuse_study.json", "What is reused (plain-PyTorch study, generated set)",
+     "python benchmarks/reuse_study.py --num-questions 12 --bands 24"),
+    ("reuse_study_shift.json", "KV shift in the plain-PyTorch study (generated set)",
+     "python benchmarks/reuse_study.py --num-questions 8 --ratios 0.15,0.3 --start-tokens 0 --bands '' --related 0 "
+     "--no-chunks --shift --out benchmarks/results/reuse_study_shift.json"),
+]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py")
 
@@ -156,6 +189,42 @@ def faults_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _by_question(data: dict, mode: str) -> dict:
+    return {q["question"]: m for q in data["questions"] for m in q["measurements"] if m["mode"] == mode}
+
+
+def paired_table(base: dict, new: dict, pairs) -> str:
+    """Per pair of modes: mean next-token KL of each, the mean difference with a 95% bootstrap
+    interval (questions resampled), and the answers that became / stopped being full prefill's."""
+    import random
+
+    lines = ["| base mode | new mode | questions | KL base | KL new | difference (95% CI) | answers won / lost |",
+             "|---|---|---|---|---|---|---|"]
+    for a, b in pairs:
+        ma, mb = _by_question(base, a), _by_question(new, b)
+        qs = sorted(set(ma) & set(mb))
+        if not qs or any(ma[q].get("kl_vs_full") is None or mb[q].get("kl_vs_full") is None for q in qs):
+            continue
+        diff = [mb[q]["kl_vs_full"] - ma[q]["kl_vs_full"] for q in qs]
+        rng = random.Random(0)
+        means = sorted(sum(rng.choice(diff) for _ in qs) / len(qs) for _ in range(2000))
+        won = sum(mb[q]["agrees_with_full"] and not ma[q]["agrees_with_full"] for q in qs)
+        lost = sum(ma[q]["agrees_with_full"] and not mb[q]["agrees_with_full"] for q in qs)
+        kla = sum(ma[q]["kl_vs_full"] for q in qs) / len(qs)
+        klb = sum(mb[q]["kl_vs_full"] for q in qs) / len(qs)
+        lines.append(f"| {a} | {b} | {len(qs)} | {kla:.4f} | {klb:.4f} | {sum(diff) / len(qs):+.4f} "
+                     f"({means[50]:+.4f} .. {means[1949]:+.4f}) | {won} / {lost} |")
+    return "\n".join(lines)
+
+
+def study_table(data: dict) -> str:
+    """One row per variant of a reuse_study.py run."""
+    lines = ["| variant | next-token KL | same answer | recomputed share |", "|---|---|---|---|"]
+    for name, row in data["summary"].items():
+        lines.append(f"| {name} | {row['kl']:.4f} | {row['agree_pct']:.0f}% | {row['cost']:.2f} |")
+    return "\n".join(lines)
+
+
 def results_page() -> str:
     out = ["# Results", "",
            "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
@@ -183,6 +252,23 @@ def results_page() -> str:
             continue
         data = json.loads(path.read_text())
         out += [eval_context(data) + ".", "", eval_table(data), ""]
+    for title, base_name, new_name, pairs in PAIRED:
+        out += [f"## {title}", "", f"Question by question: `{base_name}` against `{new_name}`.", ""]
+        base, new = RESULTS / base_name, RESULTS / new_name
+        if not (base.is_file() and new.is_file()):
+            out += ["(not run)", ""]
+            continue
+        out += [paired_table(json.loads(base.read_text()), json.loads(new.read_text()), pairs), ""]
+    for name, title, command in STUDY_RUNS:
+        out += [f"## {title}", "", f"`{command}`", ""]
+        path = RESULTS / name
+        if not path.is_file():
+            out += ["(not run)", ""]
+            continue
+        data = json.loads(path.read_text())
+        out += [f"{data['n']} generated questions, KL to full prefill teacher-forced over 2 answer tokens, "
+                "16-token greedy answers, float32 (see the script's docstring for each variant).", "",
+                study_table(data), ""]
     return "\n".join(out)
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ucm.sparse.blend.kv_shift import chunk_mean_errors, shift_kv
-from ucm.sparse.blend.rope import rotate_keys
+from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts
+from ucm.sparse.blend.rope import Rotation, rotate_keys
 
 
 def rope_cache(max_pos=512, dim=8, theta=10000.0):
@@ -30,11 +30,12 @@ def test_a_common_error_before_rope_is_recovered_and_removed(neox):
     v_stored = v_fresh - err_v[chunk]
     recomputed = torch.tensor(([True] * 3 + [False] * 7) * 2 + [False] * 10)
     dk, dv, has = chunk_mean_errors(fresh[recomputed], stored[recomputed], v_fresh[recomputed],
-                                    v_stored[recomputed], chunk[recomputed], pos[recomputed], 3, cs, neox)
+                                    v_stored[recomputed], chunk[recomputed], 3, Rotation.of(-pos[recomputed], cs, neox))
     assert has.tolist() == [True, True, False]
     assert torch.allclose(dk[:2], err_k[:2], atol=1e-4) and torch.allclose(dv[:2], err_v[:2], atol=1e-5)
     left = ~recomputed
-    k, v = shift_kv(stored[left], v_stored[left], chunk[left], pos[left], dk, dv, has, cs, neox)
+    add_k, add_v = kv_shifts(chunk[left], dk, dv, has, Rotation.of(pos[left], cs, neox))
+    k, v = stored[left] + add_k, v_stored[left] + add_v
     moved = chunk[left] < 2
     assert torch.allclose(k[moved], fresh[left][moved], atol=1e-4)
     assert torch.allclose(v[moved], v_fresh[left][moved], atol=1e-5)
@@ -42,21 +43,8 @@ def test_a_common_error_before_rope_is_recovered_and_removed(neox):
     assert torch.equal(k[~moved], stored[left][~moved]) and torch.equal(v[~moved], v_stored[left][~moved])
 
 
-def test_shift_keeps_the_dtype_and_leaves_inputs_alone():
-    cs = rope_cache()
-    k = torch.randn(4, 1, 8, dtype=torch.bfloat16)
-    v = torch.randn(4, 1, 8, dtype=torch.bfloat16)
-    k0, v0 = k.clone(), v.clone()
-    dk, dv = torch.ones(1, 1, 8), torch.ones(1, 1, 8)
-    out_k, out_v = shift_kv(k, v, torch.zeros(4, dtype=torch.long), torch.arange(4), dk, dv, torch.tensor([True]), cs,
-                            True)
-    assert out_k.dtype == out_v.dtype == torch.bfloat16
-    assert torch.equal(k, k0) and torch.equal(v, v0)
-    assert torch.allclose(out_v.float(), v.float() + 1, atol=1e-2)
-
-
 def test_mismatched_shapes_name_the_problem():
     cs = rope_cache()
     with pytest.raises(ValueError, match="must cover the same tokens"):
         chunk_mean_errors(torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8),
-                          torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long), 1, cs, True)
+                          torch.zeros(2, dtype=torch.long), 1, Rotation.of(torch.zeros(3, dtype=torch.long), cs, True))

@@ -403,3 +403,67 @@ def test_gather_pages_head_major(cache_write, backend, isa, kbs, dtype):
         assert layout.page_format == ("amx" if isa == "amx" else "vec")
     k_t, vh = layout.gather_pages_head_major(cache, torch.empty(0, dtype=torch.long))
     assert k_t.shape == (H, D, 0) and vh.shape == (H, 0, D)
+
+
+@pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
+def test_cpu_add_pages_adds_to_each_slot_of_the_grid(cpu_op, block_size, dtype, isa):
+    """The KV shift's page-wise add: every slot of the touched pages gets its grid row, nothing
+    else changes (vec pages in place, AMX tiles through gather and scatter)."""
+    gen = torch.Generator().manual_seed(7)
+    nb, n = 6, 2 * block_size + 5
+    cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
+    layout = CpuKVLayout(block_size, H, D, isa=isa)
+    slots = _scattered_slots(nb, block_size, n, gen)
+    pages, grid = layout.page_grid(slots)
+    assert torch.equal(pages, torch.unique(slots // block_size))
+    assert torch.equal(pages[grid // block_size] * block_size + grid % block_size, slots)
+    all_slots = torch.arange(nb * block_size)
+    k0, v0 = layout.gather(cache, all_slots)
+    dk = torch.zeros(pages.numel() * block_size, H, D)
+    dv = torch.zeros_like(dk)
+    dk[grid], dv[grid] = _rand((n, H, D), torch.float32, gen), _rand((n, H, D), torch.float32, gen)
+    layout.add_pages(cache, pages, dk, dv)
+    k1, v1 = layout.gather(cache, all_slots)
+    want_k, want_v = k0.float().clone(), v0.float().clone()
+    want_k[slots] += dk[grid]
+    want_v[slots] += dv[grid]
+    tol = 0 if dtype == torch.float32 else 0.05
+    assert torch.allclose(k1.float(), want_k, atol=tol) and torch.allclose(v1.float(), want_v, atol=tol)
+
+
+@pytest.mark.parametrize("isa,dtype", [("vec", torch.float32), ("amx", torch.bfloat16)])
+def test_kv_shift_plan_moves_left_out_rows_by_their_chunks_mean_error(cpu_op, isa, dtype):
+    """KVShiftPlan over a paged cache: a common pre-RoPE K error and V error per chunk, measured
+    on the recomputed rows (still holding their stored KV when the plan runs), is removed from
+    the rows left out; rows of a chunk with nothing recomputed and other slots stay as they are."""
+    from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
+    from ucm.sparse.blend.rope import rotate_keys
+
+    gen = torch.Generator().manual_seed(8)
+    bs, nb, n = 128, 5, 300
+    inv = 1.0 / 10000.0 ** (torch.arange(0, D, 2).float() / D)
+    ang = torch.arange(4096).float()[:, None] * inv[None, :]
+    cs = torch.cat([ang.cos(), ang.sin()], dim=-1)
+    layout = CpuKVLayout(bs, H, D, isa=isa)
+    cache = torch.zeros(nb, H, bs, 2 * D, dtype=dtype)
+    slots = torch.randperm(nb * bs, generator=gen)[:n]
+    pos = torch.arange(100, 100 + n)
+    chunk = torch.div(torch.arange(n), 100, rounding_mode="floor")  # 3 chunks of 100 rows
+    fresh_pre = torch.randn(n, H, D, generator=gen)
+    fresh_v = torch.randn(n, H, D, generator=gen)
+    err_k, err_v = torch.randn(3, H, D, generator=gen), torch.randn(3, H, D, generator=gen)
+    layout.scatter(cache, slots, rotate_keys(fresh_pre - err_k[chunk], pos, cs, True), fresh_v - err_v[chunk])
+    recomputed = (torch.arange(n) % 7 == 0) & (chunk < 2)  # chunk 2: nothing recomputed
+    left = ~recomputed
+    plan = KVShiftPlan.build(layout, torch.arange(int(recomputed.sum())), slots[recomputed], chunk[recomputed],
+                             pos[recomputed], slots[left], chunk[left], pos[left], 3, cs, True)
+    before = layout.gather(cache, slots)
+    plan.apply(layout, cache, rotate_keys(fresh_pre[recomputed], pos[recomputed], cs, True).to(dtype),
+               fresh_v[recomputed].to(dtype))
+    k, v = layout.gather(cache, slots)
+    moved = left & (chunk < 2)
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    assert torch.allclose(k[moved].float(), rotate_keys(fresh_pre, pos, cs, True)[moved], atol=tol)
+    assert torch.allclose(v[moved].float(), fresh_v[moved], atol=tol)
+    assert torch.equal(k[~moved], before[0][~moved]) and torch.equal(v[~moved], before[1][~moved])
+    assert int((cache != 0).sum()) <= 2 * n * H * D  # nothing written outside the rows

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ucm.sparse.blend.rope import rotate_keys
+from ucm.sparse.blend.rope import Rotation
 
-__all__ = ["chunk_mean_errors", "shift_kv"]
+__all__ = ["chunk_mean_errors", "kv_shifts"]
 
 
 def chunk_mean_errors(
@@ -29,27 +29,25 @@ def chunk_mean_errors(
     fresh_v: torch.Tensor,
     stored_v: torch.Tensor,
     chunk: torch.Tensor,
-    positions: torch.Tensor,
     num_chunks: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox_style: bool,
+    unrotate: Rotation,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per chunk, the mean error of its recomputed tokens: ``(dk, dv, has)``.
 
-    Inputs are the recomputed tokens' ``[n, heads, head_size]`` fresh and stored K (after RoPE at
-    ``positions``) and V, and ``chunk`` ``[n]`` (their chunk index in ``[0, num_chunks)``).
-    ``dk`` (before RoPE) and ``dv`` are ``[num_chunks, heads, head_size]`` float32; ``has``
-    ``[num_chunks]`` bool says which chunks had a recomputed token.
+    Inputs are the recomputed tokens' ``[n, heads, head_size]`` fresh and stored K (after RoPE)
+    and V, ``chunk`` ``[n]`` (their chunk index in ``[0, num_chunks)``) and `unrotate`, the
+    rotations back from their positions (``Rotation.of(-positions, ...)``). ``dk`` (before RoPE)
+    and ``dv`` are ``[num_chunks, heads, head_size]`` float32; ``has`` ``[num_chunks]`` bool says
+    which chunks had a recomputed token.
     """
     n = fresh_k.shape[0]
     if not (stored_k.shape == fresh_k.shape and fresh_v.shape == stored_v.shape and fresh_v.shape[0] == n
-            and chunk.shape == (n,) and positions.shape == (n,)):
+            and chunk.shape == (n,) and unrotate.cos.shape[0] == n):
         raise ValueError(f"fresh/stored K {tuple(fresh_k.shape)}/{tuple(stored_k.shape)}, V {tuple(fresh_v.shape)}/"
-                         f"{tuple(stored_v.shape)}, chunk {tuple(chunk.shape)} and positions "
-                         f"{tuple(positions.shape)} must cover the same tokens")
+                         f"{tuple(stored_v.shape)}, chunk {tuple(chunk.shape)} and rotations "
+                         f"{unrotate.cos.shape[0]} must cover the same tokens")
     device = fresh_k.device
-    err_k = rotate_keys((fresh_k.float() - stored_k.float()), -positions.long(), cos_sin_cache, is_neox_style,
-                        check_bounds=False)
+    err_k = unrotate.apply(fresh_k.float() - stored_k.float())
     err_v = fresh_v.float() - stored_v.float()
     chunk = chunk.long()
     dk = torch.zeros(num_chunks, *fresh_k.shape[1:], dtype=torch.float32, device=device)
@@ -61,26 +59,16 @@ def chunk_mean_errors(
     return dk * scale[:, None, None], dv * scale[:, None, None], count > 0
 
 
-def shift_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
+def kv_shifts(
     chunk: torch.Tensor,
-    positions: torch.Tensor,
     dk: torch.Tensor,
     dv: torch.Tensor,
     has: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    is_neox_style: bool,
+    rotate: Rotation,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stored ``k`` (after RoPE at ``positions``) and ``v`` of tokens not recomputed, ``[m, heads,
-    head_size]``, moved by their chunk's mean error (`chunk_mean_errors`); tokens of chunks without
-    an estimate are returned as they are. New tensors in the inputs' dtypes."""
+    """What to add to the stored K (after RoPE) and V of tokens not recomputed, ``[m, heads,
+    head_size]`` float32 each: their chunk's mean error (`chunk_mean_errors`), K rotated to their
+    positions (`rotate`); zero for tokens of chunks without an estimate."""
     chunk = chunk.long()
-    moved = has[chunk]
-    k_out, v_out = k.clone(), v.clone()
-    if not bool(moved.any()):
-        return k_out, v_out
-    c, p = chunk[moved], positions.long()[moved]
-    k_out[moved] = (k[moved].float() + rotate_keys(dk[c], p, cos_sin_cache, is_neox_style, check_bounds=False)).to(k.dtype)
-    v_out[moved] = (v[moved].float() + dv[c]).to(v.dtype)
-    return k_out, v_out
+    dk, dv = dk * has[:, None, None], dv * has[:, None, None]
+    return rotate.apply(dk[chunk]), dv[chunk]

@@ -16,11 +16,13 @@ with ``i + rotary_dim/2``, GPT-J style pairs ``2i`` with ``2i+1``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 __all__ = [
+    "Rotation",
     "rotate_keys",
     "check_rope_supports_delta",
     "fp32_cos_sin_cache",
@@ -132,9 +134,8 @@ def rotate_keys(
     if k.shape[0] == 0:
         return k.clone()
 
-    abs_delta = delta.abs().to(device=cos_sin_cache.device, dtype=torch.long)
     if check_bounds:
-        max_abs = int(abs_delta.max())
+        max_abs = int(delta.abs().max())
         if max_abs >= cos_sin_cache.shape[0]:
             raise ValueError(
                 f"|delta| up to {max_abs} exceeds the cos/sin cache "
@@ -142,28 +143,44 @@ def rotate_keys(
                 "than the model's max position"
             )
 
-    cos_sin = cos_sin_cache.index_select(0, abs_delta).to(device=k.device, dtype=torch.float32)
-    cos, sin = cos_sin.chunk(2, dim=-1)  # [n, rotary_dim / 2] each
-    sign = torch.where(delta < 0, -1.0, 1.0).to(device=k.device, dtype=torch.float32)
-    sin = sin * sign[:, None]
-    cos = cos[:, None, :]  # broadcast over heads
-    sin = sin[:, None, :]
+    return Rotation.of(delta, cos_sin_cache, is_neox_style).apply(k)
 
-    x = k[..., :rotary_dim].float()
-    if is_neox_style:
-        x1, x2 = x.chunk(2, dim=-1)
-    else:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    if is_neox_style:
-        rot = torch.cat((o1, o2), dim=-1)
-    else:
-        rot = torch.stack((o1, o2), dim=-1).flatten(-2)
 
-    out = k.clone()
-    out[..., :rotary_dim] = rot.to(k.dtype)
-    return out
+@dataclass(frozen=True)
+class Rotation:
+    """Per-token rotations read once from a cos/sin cache and applied to any number of tensors
+    (the KV shift rotates errors by the same positions at every layer)."""
+
+    cos: torch.Tensor  # [n, 1, rotary_dim / 2] float32
+    sin: torch.Tensor
+    is_neox_style: bool
+
+    @classmethod
+    def of(cls, delta: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox_style: bool) -> Rotation:
+        """Rotations by ``delta[n]`` (integers, negative ones backwards); no bounds check."""
+        abs_delta = delta.abs().to(device=cos_sin_cache.device, dtype=torch.long)
+        cos_sin = cos_sin_cache.index_select(0, abs_delta).to(device=delta.device, dtype=torch.float32)
+        cos, sin = cos_sin.chunk(2, dim=-1)  # [n, rotary_dim / 2] each
+        sign = torch.where(delta < 0, -1.0, 1.0).to(dtype=torch.float32)
+        return cls(cos[:, None, :], (sin * sign[:, None])[:, None, :], is_neox_style)
+
+    def apply(self, k: torch.Tensor) -> torch.Tensor:
+        """A new tensor: ``k`` (``[n, heads, head_size]``) rotated, in ``k.dtype``; channels past
+        the rotary width pass through."""
+        if k.shape[0] == 0:
+            return k.clone()
+        half = self.cos.shape[-1]
+        x = k[..., :2 * half].float()
+        if self.is_neox_style:
+            x1, x2 = x[..., :half], x[..., half:]
+        else:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = k.clone()
+        o1, o2 = (out[..., :half], out[..., half:2 * half]) if self.is_neox_style else (out[..., 0:2 * half:2],
+                                                                                        out[..., 1:2 * half:2])
+        o1.copy_(x1 * self.cos - x2 * self.sin)
+        o2.copy_(x2 * self.cos + x1 * self.sin)
+        return out
 
 
 def fp32_cos_sin_cache(rotary_emb: torch.nn.Module) -> torch.Tensor:

@@ -262,8 +262,8 @@ def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: 
     dst = left_out & (chunk >= 0)
     step.stats.add("kv_shifted_tokens", int(dst.sum()))
     src_rows = idx[src]
-    return KVShiftPlan(src, b.slot_mapping[src_rows], chunk[src_rows], b.positions[src_rows].long(),
-                       b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), count, *step.rope)
+    return KVShiftPlan.build(step.layout, src, b.slot_mapping[src_rows], chunk[src_rows], b.positions[src_rows].long(),
+                             b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), count, *step.rope)
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.sparse.blend.kv_shift import chunk_mean_errors, shift_kv
+from ucm.sparse.blend.kv_shift import chunk_mean_errors
+from ucm.sparse.blend.rope import Rotation
 from ucm.sparse.blend.runs import PseudoBatch
 from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
                                                tiled_causal_attention)
@@ -87,30 +88,41 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
 class KVShiftPlan:
     """The chunk-mean KV shift of one subset pass (sparse/blend/kv_shift.py): before each layer
     writes the pass's KV, the stored KV of the loaded rows left out is moved by its chunk's mean
-    error on the loaded rows the pass recomputes."""
+    error on the loaded rows the pass recomputes. Built once per forward, applied per layer."""
 
     src: torch.Tensor  # pass rows (index into its K/V) that are loaded rows
     src_slots: torch.Tensor
     src_chunk: torch.Tensor  # [len(src)] chunk index, in [0, num_chunks)
-    src_positions: torch.Tensor
-    dst_slots: torch.Tensor  # loaded rows the pass leaves out
-    dst_chunk: torch.Tensor
-    dst_positions: torch.Tensor
+    src_unrotate: Rotation  # back from their positions
+    pages: torch.Tensor  # kernel blocks holding the left-out rows
+    grid_chunk: torch.Tensor  # [pages x block] chunk of each page slot; num_chunks where nothing moves
+    grid_rotate: Rotation  # to each page slot's position
     num_chunks: int
-    cos_sin: torch.Tensor  # float32 cos/sin cache of the model's RoPE
-    is_neox: bool
+
+    @classmethod
+    def build(cls, layout, src, src_slots, src_chunk, src_positions, dst_slots, dst_chunk, dst_positions,
+              num_chunks: int, cos_sin: torch.Tensor, is_neox: bool) -> KVShiftPlan:
+        pages, grid = layout.page_grid(dst_slots)
+        grid_chunk = torch.full((pages.numel() * layout.kernel_block_size,), num_chunks, dtype=torch.long,
+                                device=dst_slots.device)
+        grid_chunk[grid] = dst_chunk
+        grid_pos = torch.zeros_like(grid_chunk)
+        grid_pos[grid] = dst_positions
+        return cls(src, src_slots, src_chunk, Rotation.of(-src_positions, cos_sin, is_neox), pages, grid_chunk,
+                   Rotation.of(grid_pos, cos_sin, is_neox), num_chunks)
 
     def apply(self, layout, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Moves the left-out rows' KV in ``kv_cache``; must run before the pass's rows overwrite
         their stored KV (`key`, `value`: the pass's fresh ``[rows, kv_heads, head_size]``)."""
-        if not self.src.numel() or not self.dst_slots.numel():
+        if not self.src.numel() or not self.pages.numel():
             return
         stored_k, stored_v = layout.gather(kv_cache, self.src_slots)
         dk, dv, has = chunk_mean_errors(key[self.src], stored_k, value[self.src], stored_v, self.src_chunk,
-                                        self.src_positions, self.num_chunks, self.cos_sin, self.is_neox)
-        k, v = layout.gather(kv_cache, self.dst_slots)
-        k, v = shift_kv(k, v, self.dst_chunk, self.dst_positions, dk, dv, has, self.cos_sin, self.is_neox)
-        layout.scatter(kv_cache, self.dst_slots, k, v)
+                                        self.num_chunks, self.src_unrotate)
+        # One zero row past the chunks: page slots that are not moved add nothing.
+        dk = torch.cat([dk * has[:, None, None], dk.new_zeros(1, *dk.shape[1:])])
+        dv = torch.cat([dv * has[:, None, None], dv.new_zeros(1, *dv.shape[1:])])
+        layout.add_pages(kv_cache, self.pages, self.grid_rotate.apply(dk[self.grid_chunk]), dv[self.grid_chunk])
 
 
 class SubsetAttentionImpl:

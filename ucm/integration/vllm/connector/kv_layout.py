@@ -113,6 +113,22 @@ class KVLayout(ABC):
     def scatter(self, kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Writes ``k, v: [n, H, D]`` into ``slots`` of ``kv_cache``, in place."""
 
+    def page_grid(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kernel blocks holding ``slots``, sorted; each slot's row in the ``[blocks x
+        kernel_block_size]`` token grid of those pages) for `add_pages`."""
+        b, o = self._split_slots(self._slots(slots, slots.device))
+        blocks, page = torch.unique(b, return_inverse=True)
+        return blocks, page * self.kernel_block_size + o
+
+    def add_pages(self, kv_cache: torch.Tensor, kernel_blocks: torch.Tensor, dk: torch.Tensor,
+                  dv: torch.Tensor) -> None:
+        """Adds ``dk, dv: [blocks x kernel_block_size, H, D]`` (the `page_grid` rows) to the K and
+        V of those pages, in place (the KV shift)."""
+        slots = (kernel_blocks.reshape(-1, 1) * self.kernel_block_size
+                 + torch.arange(self.kernel_block_size, device=kernel_blocks.device)).reshape(-1)
+        k, v = self.gather(kv_cache, slots)
+        self.scatter(kv_cache, slots, k.float() + dk.float(), v.float() + dv.float())
+
     def gather_blocks(self, kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every token of ``block_ids``: ``[len(block_ids) * block_size, H, D]``,
         blocks in the given order, tokens in order within each block."""
@@ -330,6 +346,16 @@ class CpuKVLayout(KVLayout):
         kt, vv = self._views(kv_cache)
         # Advanced indices on dims 0 and 3 (K) / 0 and 2 (V) around slices: both [n, H, D].
         return kt[b, :, :, o], vv[b, :, o, :]
+
+    def add_pages(self, kv_cache, kernel_blocks, dk, dv):
+        if self._k_map is not None:
+            return super().add_pages(kv_cache, kernel_blocks, dk, dv)
+        self._check(kv_cache)
+        bs, h, d = self.kernel_block_size, self.num_kv_heads, self.head_size
+        kt, vv = self._views(kv_cache)
+        # Whole pages (K is stored transposed per page): a per-token index costs several times more.
+        kt[kernel_blocks] += dk.to(kv_cache.dtype).view(-1, bs, h, d).permute(0, 2, 3, 1)
+        vv[kernel_blocks] += dv.to(kv_cache.dtype).view(-1, bs, h, d).transpose(1, 2)
 
     def _map_index(self, page_map: torch.Tensor, b: torch.Tensor, o: torch.Tensor, device):
         """Index tuple of ``[n, H, D]`` elements (tokens ``(b, o)``) of the ``[pages, H, P]``

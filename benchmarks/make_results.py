@@ -54,7 +54,7 @@ EVAL_RUNS += [
      "--out benchmarks/results/blend_kv_shift_generated50.json"),
     ("blend_kv_shift_generated200.json", "KV shift, generated set, 200 questions",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
-     "--ratios 0.15,0.3 --selections query --plus-kv-shift --no-plot "
+     "--ratios 0.15,0.3 --selections query --plus-kv-shift --only-added --no-plot "
      "--out benchmarks/results/blend_kv_shift_generated200.json"),
     ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
@@ -69,15 +69,22 @@ EVAL_RUNS += [
 PAIRED = [
     ("KV shift against the query rule alone, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_kv_shift_generated50.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
+    ("KV shift against the query rule alone, generated set, 200 questions", "blend_bench_generated200_ratios.json",
+     "blend_kv_shift_generated200.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", [("blend 0.15", "blend 0.15 +start 16"), ("blend 0.3", "blend 0.3 +start 16")]),
 ]
 STUDY_RUNS = [
     ("reuse_study.json", "What is reused (plain-PyTorch study, generated set)",
-     "python benchmarks/reuse_study.py --num-questions 12 --bands 24"),
+     "python benchmarks/reuse_study.py --num-questions 20 --bands 24 --out benchmarks/results/reuse_study.json "
+     "(stopped after 12 questions)"),
     ("reuse_study_shift.json", "KV shift in the plain-PyTorch study (generated set)",
-     "python benchmarks/reuse_study.py --num-questions 8 --ratios 0.15,0.3 --start-tokens 0 --bands '' --related 0 "
-     "--no-chunks --shift --out benchmarks/results/reuse_study_shift.json"),
+     "python benchmarks/reuse_study.py --num-questions 10 --start-tokens 0 --bands '' --related 0 --no-chunks --shift "
+     "--out benchmarks/results/reuse_study_shift.json (stopped after 7 questions)"),
+    ("reuse_study_shift_parts.json", "KV shift of K alone and V alone in the plain-PyTorch study (generated set)",
+     "python benchmarks/reuse_study.py --num-questions 8 --ratios 0.15 --start-tokens 0 --bands '' --related 0 "
+     "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
+     "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py")
@@ -198,22 +205,26 @@ def paired_table(base: dict, new: dict, pairs) -> str:
     interval (questions resampled), and the answers that became / stopped being full prefill's."""
     import random
 
-    lines = ["| base mode | new mode | questions | KL base | KL new | difference (95% CI) | answers won / lost |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| base mode | new mode | questions | same answer base / new | answers won / lost | KL base | KL new "
+             "| KL difference (95% CI) |", "|---|---|---|---|---|---|---|---|"]
     for a, b in pairs:
         ma, mb = _by_question(base, a), _by_question(new, b)
         qs = sorted(set(ma) & set(mb))
-        if not qs or any(ma[q].get("kl_vs_full") is None or mb[q].get("kl_vs_full") is None for q in qs):
+        if not qs:
             continue
-        diff = [mb[q]["kl_vs_full"] - ma[q]["kl_vs_full"] for q in qs]
-        rng = random.Random(0)
-        means = sorted(sum(rng.choice(diff) for _ in qs) / len(qs) for _ in range(2000))
         won = sum(mb[q]["agrees_with_full"] and not ma[q]["agrees_with_full"] for q in qs)
         lost = sum(ma[q]["agrees_with_full"] and not mb[q]["agrees_with_full"] for q in qs)
-        kla = sum(ma[q]["kl_vs_full"] for q in qs) / len(qs)
-        klb = sum(mb[q]["kl_vs_full"] for q in qs) / len(qs)
-        lines.append(f"| {a} | {b} | {len(qs)} | {kla:.4f} | {klb:.4f} | {sum(diff) / len(qs):+.4f} "
-                     f"({means[50]:+.4f} .. {means[1949]:+.4f}) | {won} / {lost} |")
+        agree = (f"{100 * sum(ma[q]['agrees_with_full'] for q in qs) / len(qs):.1f}% / "
+                 f"{100 * sum(mb[q]['agrees_with_full'] for q in qs) / len(qs):.1f}%")
+        kl = " - | - | - |"
+        if all(ma[q].get("kl_vs_full") is not None and mb[q].get("kl_vs_full") is not None for q in qs):
+            diff = [mb[q]["kl_vs_full"] - ma[q]["kl_vs_full"] for q in qs]
+            rng = random.Random(0)
+            means = sorted(sum(rng.choice(diff) for _ in qs) / len(qs) for _ in range(2000))
+            kla = sum(ma[q]["kl_vs_full"] for q in qs) / len(qs)
+            klb = sum(mb[q]["kl_vs_full"] for q in qs) / len(qs)
+            kl = f" {kla:.4f} | {klb:.4f} | {sum(diff) / len(qs):+.4f} ({means[50]:+.4f} .. {means[1949]:+.4f}) |"
+        lines.append(f"| {a} | {b} | {len(qs)} | {agree} | {won} / {lost} |{kl}")
     return "\n".join(lines)
 
 

@@ -16,6 +16,9 @@ each variant against full prefill on the benchmark's prompts:
   layer L (a hidden state per token stored beside the KV); layers below L keep the stored KV.
   Costs (30 - L) / 30 of the context's prefill, like a ratio of that size.
 - ``related K``: every chunk's KV computed after its K most related passages (FusionRAG), reused whole.
+- ``+shift`` (``--shift``): the stored KV of every token not recomputed moved, at each layer, by the
+  mean error of its chunk's recomputed tokens (ucm/sparse/blend/kv_shift.py); ``+true shift``: by
+  the mean error of all the chunk's tokens against full prefill (a reference, not a method).
 
 Metrics per question, as blend_bench.py: next-token KL to full prefill, teacher-forced over full
 prefill's first 2 answer tokens, and whether the 16-token greedy answer is the same.
@@ -270,7 +273,9 @@ def main(argv=None) -> int:
     p.add_argument("--start-tokens", type=int, default=16)
     p.add_argument("--related", type=int, default=2)
     p.add_argument("--kl-tokens", type=int, default=2)
-    p.add_argument("--shift", action="store_true", help="also the chunk-mean KV shift variants")
+    p.add_argument("--shift", action="store_true", help="also the chunk-mean KV shift variants ('+shift': the "
+                   "mean error of the recomputed tokens; '+true shift': of all the chunk's tokens under full prefill)")
+    p.add_argument("--shift-parts", action="store_true", help="also the shift of V alone and of K alone")
     p.add_argument("--no-chunks", action="store_true", help="leave out the whole-chunk variants")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reuse_study.json"))
@@ -321,6 +326,8 @@ def main(argv=None) -> int:
         chunk_of = torch.full((n,), -1, dtype=torch.long)
         for c, (a, b) in enumerate(spans[2:]):  # the first passage's stored KV is exact
             chunk_of[a:b] = c
+        if args.shift:  # the whole error's mean, known from full prefill: no recompute at all
+            variants["reuse +true shift"] = ([~loaded] * L, stale, (chunk_of, full_cache))
 
         # Whole chunks, most attended per token first (under full prefill, as the oracle), until
         # the ratio's token count is reached; the rest of the budget by the oracle's ranking.
@@ -332,6 +339,8 @@ def main(argv=None) -> int:
             variants[f"oracle {r:g}"] = ([~loaded | sel] * L, stale)
             if args.shift:
                 variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, (chunk_of, None))
+                variants[f"oracle {r:g} +true shift"] = ([~loaded | sel] * L, stale, (chunk_of, full_cache))
+            if args.shift_parts:
                 variants[f"oracle {r:g} +shift v"] = ([~loaded | sel] * L, stale, (chunk_of, None, "v"))
                 variants[f"oracle {r:g} +shift k"] = ([~loaded | sel] * L, stale, (chunk_of, None, "k"))
             if args.start_tokens:

@@ -2,15 +2,15 @@
 
 import torch
 
-from ucm.integration.vllm.blend.blend_forward import _near_chunk_start
+from ucm.integration.vllm.blend.blend_forward import _chunk_of, _near_chunk_start
 from ucm.integration.vllm.blend.passes import BlendRows
 from ucm.integration.vllm.connector.worker_side import RegionRows
 from ucm.sparse.blend.vocabulary import Selection
 
 
-def region(selection, starts, k):
+def region(selection, starts, k, kv_shift=False):
     empty = torch.zeros(0, dtype=torch.long)
-    return RegionRows(0, empty, empty, empty, 0.15, selection, 0, torch.tensor(starts), k)
+    return RegionRows(0, empty, empty, empty, 0.15, selection, 0, torch.tensor(starts), k, kv_shift)
 
 
 def test_chunk_start_rows_are_the_first_k_of_each_loaded_chunk():
@@ -26,3 +26,18 @@ def test_chunk_start_rows_are_the_first_k_of_each_loaded_chunk():
     assert positions[near & (segment == 0)].tolist() == [10, 11, 12, 13, 30, 31, 32, 33]
     assert not near[segment == 1].any()  # a rule with no chunk-start tokens: none
     assert positions[near & (segment == 2)].tolist() == [100, 101]  # rows before the first chunk: none
+
+
+def test_kv_shift_chunks_are_numbered_across_the_batch():
+    # Request 0 shifts (chunks from 10 and 30), request 1 does not, request 2 shifts (chunk from 100).
+    positions = torch.cat([torch.arange(5, 45), torch.arange(0, 10), torch.arange(98, 104)])
+    segment = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(10, dtype=torch.long),
+                         torch.full((6,), 2, dtype=torch.long)])
+    rows = BlendRows(None, [], None, None, positions, None, segment, None)
+    regions = {0: region(Selection.QUERY, [10, 30], 0, True), 1: region(Selection.QUERY, [0], 0),
+               2: region(Selection.HKVD, [100], 0, True)}
+    chunk, count = _chunk_of(regions, rows)
+    assert count == 3
+    assert chunk[:40].tolist() == [-1] * 5 + [0] * 20 + [1] * 15  # before the first chunk: none
+    assert (chunk[40:50] == -1).all()
+    assert chunk[50:].tolist() == [-1, -1, 2, 2, 2, 2]

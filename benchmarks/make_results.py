@@ -236,6 +236,13 @@ def study_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _section(title: str, header: str, name: str, render) -> list[str]:
+    """A results section: title, how it was made, then `render(data)` of the result file, or "(not run)"."""
+    path = RESULTS / name
+    body = render(json.loads(path.read_text())) if path.is_file() else ["(not run)"]
+    return [f"## {title}", "", header, "", *body, ""]
+
+
 def results_page() -> str:
     out = ["# Results", "",
            "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
@@ -256,30 +263,16 @@ def results_page() -> str:
     path = RESULTS / name
     out += [faults_table(json.loads(path.read_text())) if path.is_file() else "(not run)", ""]
     for name, title, command in EVAL_RUNS:
-        out += [f"## {title}", "", f"`{command}`", ""]
-        path = RESULTS / name
-        if not path.is_file():
-            out += ["(not run)", ""]
-            continue
-        data = json.loads(path.read_text())
-        out += [eval_context(data) + ".", "", eval_table(data), ""]
+        out += _section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)])
     for title, base_name, new_name, pairs in PAIRED:
-        out += [f"## {title}", "", f"Question by question: `{base_name}` against `{new_name}`.", ""]
-        base, new = RESULTS / base_name, RESULTS / new_name
-        if not (base.is_file() and new.is_file()):
-            out += ["(not run)", ""]
-            continue
-        out += [paired_table(json.loads(base.read_text()), json.loads(new.read_text()), pairs), ""]
+        base = RESULTS / base_name
+        out += _section(title, f"Question by question: `{base_name}` against `{new_name}`.", new_name,
+                        lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
+                        if base.is_file() else ["(not run)"])
     for name, title, command in STUDY_RUNS:
-        out += [f"## {title}", "", f"`{command}`", ""]
-        path = RESULTS / name
-        if not path.is_file():
-            out += ["(not run)", ""]
-            continue
-        data = json.loads(path.read_text())
-        out += [f"{data['n']} generated questions, KL to full prefill teacher-forced over 2 answer tokens, "
-                "16-token greedy answers, float32 (see the script's docstring for each variant).", "",
-                study_table(data), ""]
+        out += _section(title, f"`{command}`", name, lambda data: [
+            f"{data['n']} generated questions, KL to full prefill teacher-forced over 2 answer tokens, 16-token "
+            "greedy answers, float32 (see the script's docstring for each variant).", "", study_table(data)])
     return "\n".join(out)
 
 

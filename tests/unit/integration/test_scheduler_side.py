@@ -313,17 +313,24 @@ def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, pol
     ({"ucm_blend_selection": "chunk_start", "ucm_chunk_start_tokens": 0}, 16),  # EPIC needs k >= 1
 ])
 def test_chunk_start_tokens_per_request_and_rule(tmp_path, monkeypatch, knobs, expected):
+    region, report = _blended_with(tmp_path, monkeypatch, knobs)
+    assert region.chunk_start_tokens == expected and region.chunk_starts
+    assert report["blended"] and report["chunk_start_tokens"] == expected
+
+
+def _blended_with(tmp_path, monkeypatch, knobs, **blend):
+    """(the Blend region handed to the worker, the connector's report) of one request with `knobs`,
+    all its chunks stored; `blend` overrides the Blend config."""
     monkeypatch.delenv("UCM_API_SERVER", raising=False)
     side = side_for(tmp_path)
+    side.blend = dataclasses.replace(side.blend, **blend)
     req = request(side, "a", prompt(1))
     req.kv_transfer_params = dict(knobs)
     store_chunks(side, req.prompt_token_ids)
     side.get_num_new_matched_tokens(req, 0)
     meta, _ = step(side, [admit(side, req, 21)], {"a": 1})
     (s,) = meta.requests
-    assert s.blend.chunk_start_tokens == expected and s.blend.chunk_starts
-    report = side.request_finished(req)["ucm"]
-    assert report["blended"] and report["chunk_start_tokens"] == expected
+    return s.blend, side.request_finished(req)["ucm"]
 
 
 @pytest.mark.parametrize("knobs,configured,expected", [
@@ -331,14 +338,5 @@ def test_chunk_start_tokens_per_request_and_rule(tmp_path, monkeypatch, knobs, e
     ({"ucm_kv_shift": "yes"}, False, False),  # refused with a warning: the configured value
 ])
 def test_kv_shift_per_request(tmp_path, monkeypatch, knobs, configured, expected):
-    monkeypatch.delenv("UCM_API_SERVER", raising=False)
-    side = side_for(tmp_path)
-    side.blend = dataclasses.replace(side.blend, kv_shift=configured)
-    req = request(side, "a", prompt(1))
-    req.kv_transfer_params = dict(knobs)
-    store_chunks(side, req.prompt_token_ids)
-    side.get_num_new_matched_tokens(req, 0)
-    meta, _ = step(side, [admit(side, req, 21)], {"a": 1})
-    (s,) = meta.requests
-    assert s.blend.kv_shift is expected
-    assert side.request_finished(req)["ucm"]["kv_shift"] is expected
+    region, report = _blended_with(tmp_path, monkeypatch, knobs, kv_shift=configured)
+    assert region.kv_shift is expected and report["kv_shift"] is expected

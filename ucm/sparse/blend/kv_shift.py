@@ -68,7 +68,10 @@ def kv_shifts(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What to add to the stored K (after RoPE) and V of tokens not recomputed, ``[m, heads,
     head_size]`` float32 each: their chunk's mean error (`chunk_mean_errors`), K rotated to their
-    positions (`rotate`); zero for tokens of chunks without an estimate."""
+    positions (`rotate`); zero for tokens of chunks without an estimate and for ``chunk ==
+    num_chunks`` (slots that are not moved)."""
+    zero = dk.new_zeros(1, *dk.shape[1:])
+    dk = torch.cat([dk * has[:, None, None], zero])
+    dv = torch.cat([dv * has[:, None, None], zero])
     chunk = chunk.long()
-    dk, dv = dk * has[:, None, None], dv * has[:, None, None]
     return rotate.apply(dk[chunk]), dv[chunk]

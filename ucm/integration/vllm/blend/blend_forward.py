@@ -224,12 +224,7 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
 def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
     """[n] bool: rows among the first `chunk_start_tokens` of their request's loaded chunks."""
     near = torch.zeros(b.positions.shape[0], dtype=torch.bool, device=b.positions.device)
-    for i, region in regions.items():
-        if not region.chunk_start_tokens or not region.chunk_starts.numel():
-            continue
-        mine = b.segment == i
-        pos = b.positions[mine].long()
-        at = torch.searchsorted(region.chunk_starts, pos, right=True) - 1  # the chunk each row is in
+    for mine, pos, at, region in _rows_in_chunks(regions, b, lambda r: r.chunk_start_tokens):
         start = region.chunk_starts[at.clamp(min=0)]
         near[mine] = (at >= 0) & (pos - start < region.chunk_start_tokens)
     return near
@@ -240,14 +235,21 @@ def _chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, int]:
     kv_shift on (-1 elsewhere and before a request's first loaded chunk)."""
     chunk = torch.full((b.positions.shape[0],), -1, dtype=torch.long, device=b.positions.device)
     count = 0
-    for i, region in regions.items():
-        if not region.kv_shift or not region.chunk_starts.numel():
-            continue
-        mine = b.segment == i
-        at = torch.searchsorted(region.chunk_starts, b.positions[mine].long(), right=True) - 1
+    for mine, _, at, region in _rows_in_chunks(regions, b, lambda r: r.kv_shift):
         chunk[mine] = torch.where(at >= 0, at + count, at.new_tensor(-1))
         count += region.chunk_starts.numel()
     return chunk, count
+
+
+def _rows_in_chunks(regions: dict, b: BlendRows, wanted):
+    """For each region that `wanted(region)` and that loaded chunks: (its rows mask, their
+    positions, the index of the loaded chunk each row is in, -1 before the first; the region)."""
+    for i, region in regions.items():
+        if not wanted(region) or not region.chunk_starts.numel():
+            continue
+        mine = b.segment == i
+        pos = b.positions[mine].long()
+        yield mine, pos, torch.searchsorted(region.chunk_starts, pos, right=True) - 1, region
 
 
 def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,

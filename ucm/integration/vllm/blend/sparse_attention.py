@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.sparse.blend.kv_shift import chunk_mean_errors
+from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts
 from ucm.sparse.blend.rope import Rotation
 from ucm.sparse.blend.runs import PseudoBatch
 from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
@@ -119,10 +119,7 @@ class KVShiftPlan:
         stored_k, stored_v = layout.gather(kv_cache, self.src_slots)
         dk, dv, has = chunk_mean_errors(key[self.src], stored_k, value[self.src], stored_v, self.src_chunk,
                                         self.num_chunks, self.src_unrotate)
-        # One zero row past the chunks: page slots that are not moved add nothing.
-        dk = torch.cat([dk * has[:, None, None], dk.new_zeros(1, *dk.shape[1:])])
-        dv = torch.cat([dv * has[:, None, None], dv.new_zeros(1, *dv.shape[1:])])
-        layout.add_pages(kv_cache, self.pages, self.grid_rotate.apply(dk[self.grid_chunk]), dv[self.grid_chunk])
+        layout.add_pages(kv_cache, self.pages, *kv_shifts(self.grid_chunk, dk, dv, has, self.grid_rotate))
 
 
 class SubsetAttentionImpl:

@@ -34,6 +34,7 @@ from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_mo
 from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
+from ucm.sparse.blend.vocabulary import is_ratio  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeSummary, summarize, unexpected_reports,  # noqa: E402
                               write_results_json)
 
@@ -67,8 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plus-chunk-start", type=int, default=None, metavar="K",
                    help="also run every ranked mode with the first K tokens of each loaded chunk recomputed "
                         "first, within its ratio (EPIC's rows plus the rule)")
-    p.add_argument("--plus-kv-shift", action="store_true",
-                   help="also run every ranked mode with the chunk-mean KV shift (ucm_kv_shift)")
+    p.add_argument("--plus-kv-shift", type=float, nargs="?", const=1.0, default=None, metavar="SHARE",
+                   help="also run every ranked mode with the chunk-mean KV shift at SHARE of the mean (default 1; "
+                        "0: none, whatever the engine's default; ucm_kv_shift)")
     p.add_argument("--only-added", action="store_true",
                    help="with --plus-chunk-start / --plus-kv-shift: full prefill and the added modes only")
     p.add_argument("--index-related", type=int, default=0, metavar="K",
@@ -96,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.kl_tokens = 4 if args.pareto else 0
     if args.kl_tokens < 0:
         p.error("--kl-tokens must be >= 0")
+    if args.plus_kv_shift is not None and not is_ratio(args.plus_kv_shift):
+        p.error(f"--plus-kv-shift must be a share in [0, 1], got {args.plus_kv_shift:g}")
     if args.dataset is None and not args.generated and DEFAULT_DATASET.is_file():
         args.dataset = str(DEFAULT_DATASET)
     if args.out is None and (args.sweep or args.pareto):
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
     added = (plus_chunk_start(modes, args.plus_chunk_start) if args.plus_chunk_start else []) + (
-        plus_kv_shift(modes) if args.plus_kv_shift else [])
+        plus_kv_shift(modes, args.plus_kv_shift) if args.plus_kv_shift is not None else [])
     modes = [m for m in modes if m.is_full] + added if args.only_added else modes + added
     with run_store(args, "ucm-blend-bench-") as store:
         print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"

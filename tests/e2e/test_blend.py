@@ -27,12 +27,14 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
 
 @pytest.mark.parametrize("selection,chunk_start_tokens,kv_shift", [
     ("query", None, None), ("hkvd", None, None), ("oracle", None, None), ("key_l1", None, None),
-    ("key_l2", None, None), ("chunk_start", None, None), ("query", 16, None), ("query", None, True)])
+    ("key_l2", None, None), ("chunk_start", None, None), ("query", 16, None), ("query", None, True),
+    ("query", None, 0.5)])
 def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection, chunk_start_tokens, kv_shift):
     """Reloading a prompt's own KV at its own positions is exact, so recomputing any 30% of its
     tokens must reproduce full prefill: this checks the delta-RoPE round trip, the subset pass's
     KV writes and that the query probe pass (which writes the question's KV over the loaded KV
-    first) leaves nothing behind; the chunk-mean KV shift moves exact KV by nothing. Exact KV deviates nowhere, so the selection here is one run;
+    first) leaves nothing behind; the chunk-mean KV shift (whole or a share) moves exact KV by
+    nothing. Exact KV deviates nowhere, so the selection here is one run;
     the masking of scattered rows is checked against vLLM's kernel in
     tests/unit/integration/test_sparse_attention.py and by the mixed batch's decode rows. Neither
     vLLM's prefix cache (emptied) nor the store's exact prefix (`ucm_exact_prefix: false`) serves
@@ -45,7 +47,7 @@ def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, select
     assert again.report["blended"] and again.report["chunk_hit_blocks"] > 0
     assert again.report["selection"] == selection
     assert again.report["chunk_start_tokens"] == (chunk_start_tokens or (16 if selection == "chunk_start" else 0))
-    assert again.report["kv_shift"] == bool(kv_shift)
+    assert again.report["kv_shift"] == float(kv_shift or 0)
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
 

@@ -478,7 +478,7 @@ def test_chunk_start_tokens_default_per_rule():
     assert chunk_start_tokens_for(Selection.QUERY, None) == 0
     assert chunk_start_tokens_for(Selection.HKVD, 16) == 16
 
-def test_kv_shift_is_a_bool():
+def test_kv_shift_is_a_share():
     from ucm.config import BlendConfig, UCMConfigError
 
     layer = "model.layers.1.self_attn.attn"
@@ -486,7 +486,9 @@ def test_kv_shift_is_a_bool():
     def config(**meta):
         return BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {"ratio": 0.1, **meta}}})
 
-    assert config().kv_shift is False and config(kv_shift=True).kv_shift is True
-    for bad in (1, "true", None):
-        with pytest.raises(UCMConfigError, match=r"kv_shift must be true or false"):
+    assert config().kv_shift == 0.0 and config(kv_shift=True).kv_shift == 1.0
+    assert config(kv_shift=False).kv_shift == 0.0 and config(kv_shift=0.5).kv_shift == 0.5
+    assert config(kv_shift=1).kv_shift == 1.0
+    for bad in (1.5, -0.1, "true", None, float("nan")):
+        with pytest.raises(UCMConfigError, match=r"kv_shift must be a number in \[0, 1\] \(or true / false\)"):
             config(kv_shift=bad)

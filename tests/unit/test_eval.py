@@ -299,6 +299,19 @@ def test_plus_chunk_start_repeats_the_ranked_modes_with_epic_rows():
         plus_chunk_start(modes, 0)
 
 
+def test_plus_kv_shift_repeats_the_ranked_modes_with_a_share_of_the_shift():
+    from ucm.eval.modes import modes_for, plus_kv_shift
+
+    modes = modes_for([0, 0.15, 1], ["query", "chunk_start"])
+    assert [(m.name, m.kv_shift) for m in plus_kv_shift(modes)] == [("blend 0.15 +shift", 1.0)]
+    half = plus_kv_shift(modes, 0.5)
+    assert [(m.name, m.kv_shift) for m in half] == [("blend 0.15 +shift 0.5", 0.5)]
+    assert [m.name for m in plus_kv_shift(modes, 0)] == ["blend 0.15 +shift 0"]  # none, whatever the default
+    assert plus_kv_shift(half) == []  # already set
+    with pytest.raises(ValueError, match="kv_shift share"):
+        plus_kv_shift(modes, 1.5)
+
+
 def test_related_passages_are_the_most_similar_others():
     from ucm.eval.related import related_passages
 

@@ -81,7 +81,7 @@ class BlendEvaluator:
 
     def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
                disable_blend: bool = False, selection: str | None = None, chunk_start_tokens: int | None = None,
-               logprobs: int | None = None, kv_shift: bool = False):
+               logprobs: int | None = None, kv_shift: float | None = None):
         from vllm import SamplingParams
 
         kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
@@ -93,8 +93,8 @@ class BlendEvaluator:
             kv["ucm_blend_selection"] = selection
         if chunk_start_tokens is not None:
             kv["ucm_chunk_start_tokens"] = chunk_start_tokens
-        if kv_shift:
-            kv["ucm_kv_shift"] = True
+        if kv_shift is not None:
+            kv["ucm_kv_shift"] = kv_shift
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs,
                               extra_args={"kv_transfer_params": kv})
 

@@ -22,7 +22,8 @@ class Mode:
     # Tokens per loaded chunk recomputed first: the "chunk_start" selection's k (all it recomputes),
     # or EPIC's rows combined with a ranked rule (within the ratio); None: the rule's default.
     chunk_start_tokens: int | None = None
-    kv_shift: bool = False  # move the reused KV by its chunk's mean error (sparse/blend/kv_shift.py)
+    # Share of its chunk's mean error the reused KV is moved by (sparse/blend/kv_shift.py); None: the engine's.
+    kv_shift: float | None = None
 
     @property
     def is_full(self) -> bool:
@@ -75,10 +76,13 @@ def plus_chunk_start(modes: Iterable[Mode], k: int) -> list[Mode]:
             if m.selection not in (None, Selection.CHUNK_START.label) and m.chunk_start_tokens is None]
 
 
-def plus_kv_shift(modes: Iterable[Mode]) -> list[Mode]:
-    """Each ranked mode again with the chunk-mean KV shift ("blend 0.15 +shift")."""
-    return [Mode(f"{m.name} +shift", m.ratio, m.selection, m.chunk_start_tokens, True) for m in modes
-            if m.selection not in (None, Selection.CHUNK_START.label) and not m.kv_shift]
+def plus_kv_shift(modes: Iterable[Mode], share: float = 1.0) -> list[Mode]:
+    """Each ranked mode again with the chunk-mean KV shift at `share` ("blend 0.15 +shift" for the
+    whole mean, "blend 0.15 +shift 0.5" for half of it, "+shift 0" for none)."""
+    check_ratio(share, "kv_shift share")
+    suffix = "+shift" if share == 1 else f"+shift {share:g}"
+    return [Mode(f"{m.name} {suffix}", m.ratio, m.selection, m.chunk_start_tokens, float(share)) for m in modes
+            if m.selection not in (None, Selection.CHUNK_START.label) and m.kv_shift is None]
 
 
 def pareto_modes(ratios: Iterable[float], selections: Iterable[str], chunk_start_ks: Iterable[int]) -> list[Mode]:

@@ -34,13 +34,20 @@ def test_a_common_error_before_rope_is_recovered_and_removed(neox):
     assert has.tolist() == [True, True, False]
     assert torch.allclose(dk[:2], err_k[:2], atol=1e-4) and torch.allclose(dv[:2], err_v[:2], atol=1e-5)
     left = ~recomputed
-    add_k, add_v = kv_shifts(chunk[left], dk, dv, has, Rotation.of(pos[left], cs, neox))
+    add_k, add_v = kv_shifts(chunk[left], dk, dv, has.float(), Rotation.of(pos[left], cs, neox))
     k, v = stored[left] + add_k, v_stored[left] + add_v
     moved = chunk[left] < 2
     assert torch.allclose(k[moved], fresh[left][moved], atol=1e-4)
     assert torch.allclose(v[moved], v_fresh[left][moved], atol=1e-5)
     # Chunk 2 had no estimate: as stored.
     assert torch.equal(k[~moved], stored[left][~moved]) and torch.equal(v[~moved], v_stored[left][~moved])
+    # A share moves each chunk by that much of its mean error: half way for chunk 0, not at all for chunk 1.
+    add_k, add_v = kv_shifts(chunk[left], dk, dv, has * torch.tensor([0.5, 0.0, 1.0]), Rotation.of(pos[left], cs, neox))
+    k, v = stored[left] + add_k, v_stored[left] + add_v
+    half = chunk[left] == 0
+    assert torch.allclose(k[half], (stored[left][half] + fresh[left][half]) / 2, atol=1e-4)
+    assert torch.allclose(v[half], v_fresh[left][half] - err_v[0] / 2, atol=1e-5)
+    assert torch.equal(k[~half], stored[left][~half]) and torch.equal(v[~half], v_stored[left][~half])
 
 
 def test_mismatched_shapes_name_the_problem():

@@ -8,7 +8,7 @@ from ucm.integration.vllm.connector.worker_side import RegionRows
 from ucm.sparse.blend.vocabulary import Selection
 
 
-def region(selection, starts, k, kv_shift=False):
+def region(selection, starts, k, kv_shift=0.0):
     empty = torch.zeros(0, dtype=torch.long)
     return RegionRows(0, empty, empty, empty, 0.15, selection, 0, torch.tensor(starts), k, kv_shift)
 
@@ -34,10 +34,10 @@ def test_kv_shift_chunks_are_numbered_across_the_batch():
     segment = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(10, dtype=torch.long),
                          torch.full((6,), 2, dtype=torch.long)])
     rows = BlendRows(None, [], None, None, positions, None, segment, None)
-    regions = {0: region(Selection.QUERY, [10, 30], 0, True), 1: region(Selection.QUERY, [0], 0),
-               2: region(Selection.HKVD, [100], 0, True)}
-    chunk, count = _chunk_of(regions, rows)
-    assert count == 3
+    regions = {0: region(Selection.QUERY, [10, 30], 0, 0.5), 1: region(Selection.QUERY, [0], 0),
+               2: region(Selection.HKVD, [100], 0, 1.0)}
+    chunk, shares = _chunk_of(regions, rows)
+    assert shares.tolist() == [0.5, 0.5, 1.0]  # each chunk's request's share
     assert chunk[:40].tolist() == [-1] * 5 + [0] * 20 + [1] * 15  # before the first chunk: none
     assert (chunk[40:50] == -1).all()
     assert chunk[50:].tolist() == [-1, -1, 2, 2, 2, 2]

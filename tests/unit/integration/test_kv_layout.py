@@ -435,7 +435,8 @@ def test_cpu_add_pages_adds_to_each_slot_of_the_grid(cpu_op, block_size, dtype, 
 def test_kv_shift_plan_moves_left_out_rows_by_their_chunks_mean_error(cpu_op, isa, dtype):
     """KVShiftPlan over a paged cache: a common pre-RoPE K error and V error per chunk, measured
     on the recomputed rows (still holding their stored KV when the plan runs), is removed from
-    the rows left out; rows of a chunk with nothing recomputed and other slots stay as they are."""
+    the rows left out (by each chunk's share of it); rows of a chunk with nothing recomputed and
+    other slots stay as they are."""
     from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
     from ucm.sparse.blend.rope import rotate_keys
 
@@ -456,14 +457,18 @@ def test_kv_shift_plan_moves_left_out_rows_by_their_chunks_mean_error(cpu_op, is
     recomputed = (torch.arange(n) % 7 == 0) & (chunk < 2)  # chunk 2: nothing recomputed
     left = ~recomputed
     plan = KVShiftPlan.build(layout, torch.arange(int(recomputed.sum())), slots[recomputed], chunk[recomputed],
-                             pos[recomputed], slots[left], chunk[left], pos[left], 3, cs, True)
+                             pos[recomputed], slots[left], chunk[left], pos[left], torch.tensor([1.0, 0.5, 1.0]), cs,
+                             True)
     before = layout.gather(cache, slots)
     plan.apply(layout, cache, rotate_keys(fresh_pre[recomputed], pos[recomputed], cs, True).to(dtype),
                fresh_v[recomputed].to(dtype))
     k, v = layout.gather(cache, slots)
     moved = left & (chunk < 2)
+    whole, half = left & (chunk == 0), left & (chunk == 1)  # chunk 1 is moved by half its mean error
     tol = 1e-4 if dtype == torch.float32 else 0.1
-    assert torch.allclose(k[moved].float(), rotate_keys(fresh_pre, pos, cs, True)[moved], atol=tol)
-    assert torch.allclose(v[moved].float(), fresh_v[moved], atol=tol)
+    assert torch.allclose(k[whole].float(), rotate_keys(fresh_pre, pos, cs, True)[whole], atol=tol)
+    assert torch.allclose(v[whole].float(), fresh_v[whole], atol=tol)
+    assert torch.allclose(k[half].float(), rotate_keys(fresh_pre - err_k[chunk] / 2, pos, cs, True)[half], atol=tol)
+    assert torch.allclose(v[half].float(), (fresh_v - err_v[chunk] / 2)[half], atol=tol)
     assert torch.equal(k[~moved], before[0][~moved]) and torch.equal(v[~moved], before[1][~moved])
     assert int((cache != 0).sum()) <= 2 * n * H * D  # nothing written outside the rows

@@ -334,9 +334,11 @@ def _blended_with(tmp_path, monkeypatch, knobs, **blend):
 
 
 @pytest.mark.parametrize("knobs,configured,expected", [
-    ({}, False, False), ({"ucm_kv_shift": True}, False, True), ({}, True, True), ({"ucm_kv_shift": False}, True, False),
-    ({"ucm_kv_shift": "yes"}, False, False),  # refused with a warning: the configured value
+    ({}, 0.0, 0.0), ({"ucm_kv_shift": True}, 0.0, 1.0), ({}, 0.5, 0.5), ({"ucm_kv_shift": False}, 0.5, 0.0),
+    ({"ucm_kv_shift": 0.25}, 0.0, 0.25),
+    # refused with a warning: the configured value
+    ({"ucm_kv_shift": "yes"}, 0.5, 0.5), ({"ucm_kv_shift": 2}, 0.0, 0.0),
 ])
 def test_kv_shift_per_request(tmp_path, monkeypatch, knobs, configured, expected):
     region, report = _blended_with(tmp_path, monkeypatch, knobs, kv_shift=configured)
-    assert region.kv_shift is expected and report["kv_shift"] is expected
+    assert region.kv_shift == expected and report["kv_shift"] == expected

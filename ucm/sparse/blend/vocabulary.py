@@ -69,6 +69,14 @@ def check_chunk_start_tokens(selection: Selection, count: Any) -> str | None:
     return None
 
 
+def kv_shift_share(value: Any) -> float | None:
+    """The share of its chunk's mean error a reused token's KV is moved by (kv_shift.py): a number
+    in [0, 1], true for 1 and false for 0; None if `value` is none of these."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    return float(value) if is_ratio(value) else None
+
+
 def is_ratio(value: Any) -> bool:
     """A recompute ratio: a real number (not a bool) in [0, 1]."""
     return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

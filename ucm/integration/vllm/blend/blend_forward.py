@@ -149,7 +149,8 @@ class _Batch:
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
     near_chunk_start: torch.Tensor  # [n] rows within the first chunk_start_tokens of their loaded chunk
-    chunk_of: tuple[torch.Tensor, int]  # ([n] chunk index of rows of kv_shift requests, else -1; number of chunks)
+    # ([n] chunk index of rows of kv_shift requests, else -1; [num_chunks] each chunk's kv_shift share)
+    chunk_of: tuple[torch.Tensor, torch.Tensor]
     scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
     num_input_rows: int  # rows of vLLM's input (padding included)
 
@@ -230,15 +231,17 @@ def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
     return near
 
 
-def _chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, int]:
-    """([n] long, count): each row's loaded chunk, numbered across the batch, for requests with
-    kv_shift on (-1 elsewhere and before a request's first loaded chunk)."""
-    chunk = torch.full((b.positions.shape[0],), -1, dtype=torch.long, device=b.positions.device)
-    count = 0
-    for mine, _, at, region in _rows_in_chunks(regions, b, lambda r: r.kv_shift):
-        chunk[mine] = torch.where(at >= 0, at + count, at.new_tensor(-1))
-        count += region.chunk_starts.numel()
-    return chunk, count
+def _chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n] long, [num_chunks] float32): each row's loaded chunk, numbered across the batch, for
+    requests with kv_shift on (-1 elsewhere and before a request's first loaded chunk), and each
+    chunk's share (its request's kv_shift)."""
+    device = b.positions.device
+    chunk = torch.full((b.positions.shape[0],), -1, dtype=torch.long, device=device)
+    shares = []
+    for mine, _, at, region in _rows_in_chunks(regions, b, lambda r: r.kv_shift > 0):
+        chunk[mine] = torch.where(at >= 0, at + len(shares), at.new_tensor(-1))
+        shares += [region.kv_shift] * region.chunk_starts.numel()
+    return chunk, torch.tensor(shares, dtype=torch.float32, device=device)
 
 
 def _rows_in_chunks(regions: dict, b: BlendRows, wanted):
@@ -256,8 +259,8 @@ def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: 
                    idx_loaded: torch.Tensor) -> KVShiftPlan | None:
     """The main pass's chunk-mean KV shift: its loaded rows (`idx_loaded` over the pass rows `idx`)
     estimate each chunk's error, the loaded rows `left_out` are moved; None when no request shifts."""
-    chunk, count = batch.chunk_of
-    if not count or step.rope is None:
+    chunk, shares = batch.chunk_of
+    if not shares.numel() or step.rope is None:
         return None
     b = batch.rows
     src = torch.nonzero(idx_loaded & (chunk[idx] >= 0)).flatten()
@@ -265,7 +268,7 @@ def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: 
     step.stats.add("kv_shifted_tokens", int(dst.sum()))
     src_rows = idx[src]
     return KVShiftPlan.build(step.layout, src, b.slot_mapping[src_rows], chunk[src_rows], b.positions[src_rows].long(),
-                             b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), count, *step.rope)
+                             b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), shares, *step.rope)
 
 
 def _requests_with(rows, segment, num_reqs) -> torch.Tensor:

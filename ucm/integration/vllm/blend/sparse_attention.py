@@ -97,11 +97,12 @@ class KVShiftPlan:
     pages: torch.Tensor  # kernel blocks holding the left-out rows
     grid_chunk: torch.Tensor  # [pages x block] chunk of each page slot; num_chunks where nothing moves
     grid_rotate: Rotation  # to each page slot's position
-    num_chunks: int
+    share: torch.Tensor  # [num_chunks] float32: share of its mean error each chunk's rows are moved by
 
     @classmethod
     def build(cls, layout, src, src_slots, src_chunk, src_positions, dst_slots, dst_chunk, dst_positions,
-              num_chunks: int, cos_sin: torch.Tensor, is_neox: bool) -> KVShiftPlan:
+              share: torch.Tensor, cos_sin: torch.Tensor, is_neox: bool) -> KVShiftPlan:
+        num_chunks = share.shape[0]
         pages, grid = layout.page_grid(dst_slots)
         grid_chunk = torch.full((pages.numel() * layout.kernel_block_size,), num_chunks, dtype=torch.long,
                                 device=dst_slots.device)
@@ -109,7 +110,7 @@ class KVShiftPlan:
         grid_pos = torch.zeros_like(grid_chunk)
         grid_pos[grid] = dst_positions
         return cls(src, src_slots, src_chunk, Rotation.of(-src_positions, cos_sin, is_neox), pages, grid_chunk,
-                   Rotation.of(grid_pos, cos_sin, is_neox), num_chunks)
+                   Rotation.of(grid_pos, cos_sin, is_neox), share.float())
 
     def apply(self, layout, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Moves the left-out rows' KV in ``kv_cache``; must run before the pass's rows overwrite
@@ -118,8 +119,9 @@ class KVShiftPlan:
             return
         stored_k, stored_v = layout.gather(kv_cache, self.src_slots)
         dk, dv, has = chunk_mean_errors(key[self.src], stored_k, value[self.src], stored_v, self.src_chunk,
-                                        self.num_chunks, self.src_unrotate)
-        layout.add_pages(kv_cache, self.pages, *kv_shifts(self.grid_chunk, dk, dv, has, self.grid_rotate))
+                                        self.share.shape[0], self.src_unrotate)
+        layout.add_pages(kv_cache, self.pages, *kv_shifts(self.grid_chunk, dk, dv, has * self.share,
+                                                          self.grid_rotate))
 
 
 class SubsetAttentionImpl:

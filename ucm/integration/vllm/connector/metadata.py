@@ -51,7 +51,7 @@ class BlendRegion:
     question_end: int = 0  # probe queries come from rows before this position (the prompt's end)
     chunk_starts: list[int] = field(default_factory=list)  # prompt positions where its loaded chunks start
     chunk_start_tokens: int = 0  # recomputed at the start of every loaded chunk before any ranking
-    kv_shift: bool = False  # move the KV not recomputed by its chunk's mean error (sparse/blend/kv_shift.py)
+    kv_shift: float = 0.0  # share of its chunk's mean error the KV not recomputed is moved by (blend/kv_shift.py)
 
     @property
     def end(self) -> int:

@@ -27,7 +27,8 @@ from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
-from ucm.sparse.blend.vocabulary import Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio
+from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
+                                         kv_shift_share)
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class _RequestState:
     ratio: float | None = None
     selection: str | None = None
     chunk_start_tokens: int = 0
-    kv_shift: bool = False
+    kv_shift: float = 0.0  # share of the chunk-mean error the reused KV is moved by
     work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
@@ -372,13 +373,14 @@ class SchedulerSide:
             return self.blend.ratio
         return float(ratio)
 
-    def _kv_shift(self, request: Request, params: dict) -> bool:
+    def _kv_shift(self, request: Request, params: dict) -> float:
         value = params.get(KV_SHIFT_PARAM, self.blend.kv_shift)
-        if not isinstance(value, bool):
-            logger.warning("request %s: %s must be true or false, got %r; using %s", request.request_id,
-                           KV_SHIFT_PARAM, value, self.blend.kv_shift)
+        share = kv_shift_share(value)
+        if share is None:
+            logger.warning("request %s: %s must be a number in [0, 1] (or true / false), got %r; using %s",
+                           request.request_id, KV_SHIFT_PARAM, value, self.blend.kv_shift)
             return self.blend.kv_shift
-        return value
+        return share
 
     def _chunk_start_tokens(self, request: Request, params: dict, selection: str) -> int:
         rule = Selection.parse(selection)

@@ -50,7 +50,7 @@ class RegionRows:
     question_end: int  # probe queries come from rows before this position
     chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
     chunk_start_tokens: int  # recomputed at the start of every loaded chunk before any ranking
-    kv_shift: bool  # move the KV not recomputed by its chunk's mean error
+    kv_shift: float  # share of its chunk's mean error the KV not recomputed is moved by (0: off)
 
 
 @dataclass

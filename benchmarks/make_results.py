@@ -56,6 +56,14 @@ EVAL_RUNS += [
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
      "--ratios 0.15,0.3 --selections query --plus-kv-shift --only-added --no-plot "
      "--out benchmarks/results/blend_kv_shift_generated200.json"),
+    ("blend_kv_shift_half_generated200.json", "KV shift at half the chunk mean, generated set, 200 questions",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
+     "--ratios 0.15,0.3 --selections query --plus-kv-shift 0.5 --only-added --no-plot "
+     "--out benchmarks/results/blend_kv_shift_half_generated200.json"),
+    ("blend_kv_shift_half_musique8.json", "KV shift at half the chunk mean, MuSiQue, 8 questions (next-token KL over "
+     "2 answer tokens)",
+     "python benchmarks/blend_bench.py --num-questions 8 --sweep --ratios 0.15,0.3 --selections query "
+     "--plus-kv-shift 0.5 --only-added --kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_half_musique8.json"),
     ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
      "--kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_musique.json"),
@@ -71,6 +79,14 @@ PAIRED = [
      "blend_kv_shift_generated50.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
     ("KV shift against the query rule alone, generated set, 200 questions", "blend_bench_generated200_ratios.json",
      "blend_kv_shift_generated200.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
+    ("KV shift at half the chunk mean against the query rule alone, generated set, 200 questions",
+     "blend_bench_generated200_ratios.json", "blend_kv_shift_half_generated200.json",
+     [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
+    ("KV shift at half the chunk mean against the whole mean, generated set, 200 questions",
+     "blend_kv_shift_generated200.json", "blend_kv_shift_half_generated200.json",
+     [("blend 0.15 +shift", "blend 0.15 +shift 0.5"), ("blend 0.3 +shift", "blend 0.3 +shift 0.5")]),
+    ("KV shift at half the chunk mean against the query rule alone, MuSiQue, 8 questions", "blend_pareto_musique.json",
+     "blend_kv_shift_half_musique8.json", [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", [("blend 0.15", "blend 0.15 +start 16"), ("blend 0.3", "blend 0.3 +start 16")]),
 ]

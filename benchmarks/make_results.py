@@ -60,6 +60,11 @@ EVAL_RUNS += [
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 200 --sweep "
      "--ratios 0.15,0.3 --selections query --plus-kv-shift 0.5 --only-added --no-plot "
      "--out benchmarks/results/blend_kv_shift_half_generated200.json"),
+    ("blend_kv_shift_half_generated50.json", "KV shift at half the chunk mean, generated set, 50 questions "
+     "(next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
+     "--ratios 0.15,0.3 --selections query --plus-kv-shift 0.5 --only-added --kl-tokens 2 --no-plot "
+     "--out benchmarks/results/blend_kv_shift_half_generated50.json"),
     ("blend_kv_shift_half_musique8.json", "KV shift at half the chunk mean, MuSiQue, 8 questions (next-token KL over "
      "2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 8 --sweep --ratios 0.15,0.3 --selections query "
@@ -84,6 +89,12 @@ PAIRED = [
      [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
     ("KV shift at half the chunk mean against the whole mean, generated set, 200 questions",
      "blend_kv_shift_generated200.json", "blend_kv_shift_half_generated200.json",
+     [("blend 0.15 +shift", "blend 0.15 +shift 0.5"), ("blend 0.3 +shift", "blend 0.3 +shift 0.5")]),
+    ("KV shift at half the chunk mean against the query rule alone, generated set, 50 questions",
+     "blend_epic_query_generated50.json", "blend_kv_shift_half_generated50.json",
+     [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
+    ("KV shift at half the chunk mean against the whole mean, generated set, 50 questions",
+     "blend_kv_shift_generated50.json", "blend_kv_shift_half_generated50.json",
      [("blend 0.15 +shift", "blend 0.15 +shift 0.5"), ("blend 0.3 +shift", "blend 0.3 +shift 0.5")]),
     ("KV shift at half the chunk mean against the query rule alone, MuSiQue, 8 questions", "blend_pareto_musique.json",
      "blend_kv_shift_half_musique8.json", [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),

@@ -77,29 +77,37 @@ EVAL_RUNS += [
      "--ratios 0.15,0.3 --selections query --plus-chunk-start 16 --kl-tokens 2 --no-plot "
      "--out benchmarks/results/blend_epic_query_generated50.json"),
 ]
+
+
+def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
+    """("blend 0.15 <base>", "blend 0.15 <new>") and the same at 0.3: the pairs of a run that adds
+    a variant of the query rule at both ratios ("" for the plain rule)."""
+    return [(f"blend {r} {base}".rstrip(), f"blend {r} {new}") for r in ("0.15", "0.3")]
+
+
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
     ("KV shift against the query rule alone, generated set, 50 questions", "blend_epic_query_generated50.json",
-     "blend_kv_shift_generated50.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
+     "blend_kv_shift_generated50.json", _at_both_ratios("", "+shift")),
     ("KV shift against the query rule alone, generated set, 200 questions", "blend_bench_generated200_ratios.json",
-     "blend_kv_shift_generated200.json", [("blend 0.15", "blend 0.15 +shift"), ("blend 0.3", "blend 0.3 +shift")]),
+     "blend_kv_shift_generated200.json", _at_both_ratios("", "+shift")),
     ("KV shift at half the chunk mean against the query rule alone, generated set, 200 questions",
      "blend_bench_generated200_ratios.json", "blend_kv_shift_half_generated200.json",
-     [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
+     _at_both_ratios("", "+shift 0.5")),
     ("KV shift at half the chunk mean against the whole mean, generated set, 200 questions",
      "blend_kv_shift_generated200.json", "blend_kv_shift_half_generated200.json",
-     [("blend 0.15 +shift", "blend 0.15 +shift 0.5"), ("blend 0.3 +shift", "blend 0.3 +shift 0.5")]),
+     _at_both_ratios("+shift", "+shift 0.5")),
     ("KV shift at half the chunk mean against the query rule alone, generated set, 50 questions",
      "blend_epic_query_generated50.json", "blend_kv_shift_half_generated50.json",
-     [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
+     _at_both_ratios("", "+shift 0.5")),
     ("KV shift at half the chunk mean against the whole mean, generated set, 50 questions",
      "blend_kv_shift_generated50.json", "blend_kv_shift_half_generated50.json",
-     [("blend 0.15 +shift", "blend 0.15 +shift 0.5"), ("blend 0.3 +shift", "blend 0.3 +shift 0.5")]),
+     _at_both_ratios("+shift", "+shift 0.5")),
     ("KV shift at half the chunk mean against the query rule alone, MuSiQue, 8 questions", "blend_pareto_musique.json",
-     "blend_kv_shift_half_musique8.json", [("blend 0.15", "blend 0.15 +shift 0.5"), ("blend 0.3", "blend 0.3 +shift 0.5")]),
+     "blend_kv_shift_half_musique8.json", _at_both_ratios("", "+shift 0.5")),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
-     "blend_epic_query_generated50.json", [("blend 0.15", "blend 0.15 +start 16"), ("blend 0.3", "blend 0.3 +start 16")]),
+     "blend_epic_query_generated50.json", _at_both_ratios("", "+start 16")),
 ]
 STUDY_RUNS = [
     ("reuse_study.json", "What is reused (plain-PyTorch study, generated set)",

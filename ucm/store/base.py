@@ -45,6 +45,8 @@ class StoreStats:
     dump_skipped: int = 0  # dumps of blocks that were already stored (included in dump_blocks)
     load_timeouts: int = 0  # keys of loads abandoned after the store's timeout (included in load_errors)
     dump_over_capacity: int = 0  # blocks of a dump that did not fit under capacity_gb (not stored; in dump_errors)
+    # keys answered as misses because the store's lookup passed its timeout (or one still had)
+    lookup_timeouts: int = 0
     quarantined: int = 0  # blocks whose read failed with an IO error: misses in this process for a while
 
     def count_lookup(self, found: Sequence[bool]) -> None:

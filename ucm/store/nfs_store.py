@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
+import queue
 from typing import Any
 
 from ucm.cpus import other_cpus
@@ -68,6 +69,11 @@ class UcmNfsStore(KVStoreBase):
         self._timeout_logged = False
         self._closed = False
         self._abandoned: list[Task] = []  # timed-out loads whose IO has not returned yet
+        # Lookups run on one thread of their own when they may time out; a lookup past the
+        # timeout stays there until its stats return, and every lookup meanwhile is all misses.
+        self._lookup_jobs: queue.SimpleQueue[_Lookup | None] | None = None
+        self._hung_lookup: _Lookup | None = None
+        self._lookup_timeout_logged = False
         self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
@@ -90,11 +96,13 @@ class UcmNfsStore(KVStoreBase):
         else:
             quarantined = set()
         todo = [i for i, f in enumerate(found) if not f and keys[i] not in quarantined]
-        on_disk = self._engine.exists([self._layout.block_path(keys[i]) for i in todo])
-        for i, hit in zip(todo, on_disk):
+        on_disk = self._exists([self._layout.block_path(keys[i]) for i in todo])
+        for i, hit in zip(todo, on_disk or ()):
             found[i] = hit
         with self._lock:
             self._stats.count_lookup(found)
+            if on_disk is None:
+                self._stats.lookup_timeouts += len(todo)
         return found
 
     def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:
@@ -195,10 +203,13 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None and self._limiter.over_capacity():  # an overshoot not evicted yet
             self._housekeeper.scan_once()
         self._housekeeper.stop()
+        if self._lookup_jobs is not None:  # the lookup thread ends after its current stats
+            self._lookup_jobs.put(None)
         self._reap_abandoned()
-        if self._abandoned:  # joining the IO threads would hang on the same IO
-            logger.warning("%d timed-out store loads are still blocked in IO; leaving their threads",
-                           len(self._abandoned))
+        hung_lookup = self._hung_lookup is not None and not self._hung_lookup.done.is_set()
+        if self._abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
+            logger.warning("%d timed-out store loads%s still blocked in IO; leaving their threads",
+                           len(self._abandoned), " and a lookup are" if hung_lookup else " are")
         else:
             self._engine.close()
         if self._dram is not None:
@@ -243,6 +254,37 @@ class UcmNfsStore(KVStoreBase):
         return None if self._limiter is None else self._limiter.used_bytes
 
     # -- internals -----------------------------------------------------------------------
+    def _exists(self, paths: list[str]) -> list[bool] | None:
+        """Which block files exist, within `lookup_timeout_s`; None (all misses) past it, and at
+        once while an earlier lookup is still blocked in the file system."""
+        timeout = self.config.lookup_timeout_s
+        if not paths or not timeout:
+            return self._engine.exists(paths)
+        with self._lock:
+            if self._hung_lookup is not None:
+                if not self._hung_lookup.done.is_set():
+                    return None
+                self._hung_lookup = None
+                logger.warning("store lookups answer again: the lookup past lookup_timeout_s returned")
+            if self._lookup_jobs is None:
+                # A daemon thread: one blocked in a hung mount must not keep the process from exiting.
+                self._lookup_jobs = queue.SimpleQueue()
+                threading.Thread(target=_serve_lookups, args=(self._engine, self._lookup_jobs),
+                                 name="ucm-store-lookup", daemon=True).start()
+            job = _Lookup(paths)
+            self._lookup_jobs.put(job)
+        if job.done.wait(timeout):
+            return job.found
+        with self._lock:
+            self._hung_lookup = job
+        if not self._lookup_timeout_logged:
+            self._lookup_timeout_logged = True
+            logger.warning("store lookup of %d blocks not answered after lookup_timeout_s=%g s (hung or "
+                           "overloaded mount?); they, and every lookup until it returns, count as misses "
+                           "(computed in full); further timeouts are only counted in stats().lookup_timeouts",
+                           len(paths), timeout)
+        return None
+
     def _abandon(self, task: Task) -> list[bool]:
         """A load past `load_timeout_s`: a miss for the caller (only DRAM-served keys are True)."""
         task.timed_out = True
@@ -394,6 +436,27 @@ class UcmNfsStore(KVStoreBase):
         if os.getpid() != self._pid:
             # A forked child inherits the engine without its threads: every wait would hang.
             raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
+
+
+class _Lookup:
+    """One lookup handed to the lookup thread; `found` is set before `done`."""
+
+    __slots__ = ("paths", "found", "done")
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+        self.found: list[bool] = []
+        self.done = threading.Event()
+
+
+def _serve_lookups(engine: Any, jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
+        try:
+            job.found = engine.exists(job.paths)
+        except Exception:  # pragma: no cover - exists() reports per path, never raises
+            logger.exception("store lookup failed; answered as misses")
+            job.found = [False] * len(job.paths)
+        job.done.set()
 
 
 class _LoadContext:

@@ -24,14 +24,15 @@ from ucm.store.keys import KeyKind
 BS, MARKER = 4, 2
 
 
-def side_for(tmp_path, max_step_tokens=None, ratio=0.5, **blend_extra):
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, **blend_extra):
     blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
     if max_step_tokens is not None:
         blend["max_step_tokens"] = max_step_tokens
     blend.update(blend_extra)
     config = UCMConfig.from_extra_config({
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
-                            "ucm_connector_config": {"storage_backends": str(tmp_path / "store")}}],
+                            "ucm_connector_config": {"storage_backends": str(tmp_path / "store"),
+                                                     **(store_extra or {})}}],
         "ucm_sparse_config": {"Blend": blend}})
     store = create_store("UcmNfsStore", config.stores[0].config)
     side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64)
@@ -185,6 +186,24 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
     assert all(not r.blend and not r.chunk_loads for r in meta.requests)
     report = side.request_finished(req)["ucm"]
     assert not report["blended"] and report["fallback"] == "preempted" and report["preemptions"] == 1
+
+
+def test_a_store_lookup_past_its_timeout_computes_the_request_in_full_and_counts_it(tmp_path):
+    """A hung mount must not stall the scheduler: while a store lookup is blocked past
+    lookup_timeout_s (here 100,000 stats), requests are planned with misses at once."""
+    from ucm.store.keys import store_key
+
+    side = side_for(tmp_path, store_extra={"lookup_timeout_s": 0.001})
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    slow = [store_key(b"other", KeyKind.CHUNK, i.to_bytes(32, "little")) for i in range(100_000)]
+    assert not any(side.store.lookup(slow))
+    req = request(side, "a", tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert side.stats.data["lookup_timeouts"] > 0
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
+    assert all(not r.blend and not r.chunk_loads for r in meta.requests)
+    assert not side.request_finished(req)["ucm"]["blended"]
 
 
 def test_chunk_kv_is_shared_within_a_tenant_and_adapter_only(tmp_path):

@@ -33,6 +33,8 @@ def test_from_dict_accepts_user_spellings():
         ("dram_capacity_gb", float("nan")),
         ("fsync", 1),
         ("temp_grace_s", -5),
+        ("lookup_timeout_s", -1),
+        ("lookup_timeout_s", "5"),
     ],
 )
 def test_bad_values_name_the_key(key, value):

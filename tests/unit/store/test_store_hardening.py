@@ -183,3 +183,32 @@ def test_a_block_failing_with_an_io_error_is_quarantined():
     assert (before, loaded, after, quarantined) == ([True], [False], [False], 1)
     assert os.path.exists(store.block_path(key))  # not removed: other processes may read it
     shutil.rmtree(root)
+
+
+def test_a_lookup_past_its_timeout_is_all_misses_and_so_is_every_lookup_until_it_returns(make_store):
+    """The scheduler asks the store on every step: a lookup the file system does not answer in
+    time (here: 100,000 stats cannot finish in a millisecond) is all misses, and lookups while it
+    is still blocked are answered at once, as misses, instead of queueing behind it."""
+    store = make_store(lookup_timeout_s=0.001)
+    key = key_of(1)
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    many = [key] + [key_of(1000 + i) for i in range(100_000)]
+    assert store.lookup(many) == [False] * len(many)  # the stored block too: not answered in time
+    t0 = time.monotonic()
+    assert store.lookup([key]) == [False]  # the first lookup is still statting: a miss at once
+    assert time.monotonic() - t0 < 0.1
+    assert store.stats().lookup_timeouts == len(many) + 1
+    deadline = time.monotonic() + 30
+    while not store.lookup([key])[0]:  # answers again once the slow lookup has returned
+        assert time.monotonic() < deadline, "lookups never answered again"
+        time.sleep(0.01)
+
+
+def test_lookups_without_a_timeout_run_in_the_calling_thread(make_store):
+    store = make_store(lookup_timeout_s=0)
+    key = key_of(2)
+    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    before = {t.name for t in threading.enumerate()}
+    assert store.lookup([key, key_of(3)]) == [True, False]
+    assert "ucm-store-lookup" not in {t.name for t in threading.enumerate()} - before
+    assert store.stats().lookup_timeouts == 0

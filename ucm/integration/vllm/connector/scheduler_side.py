@@ -101,6 +101,7 @@ class SchedulerSide:
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
+        self._lookup_timeouts = 0  # the store's count when last read
         serving = os.environ.get(API_SERVER_ENV) == "1"
         listed = self.blend.request_params if self.blend else None
         self.allowed_params = frozenset(listed if listed is not None else () if serving else REQUEST_PARAMS)
@@ -126,6 +127,10 @@ class SchedulerSide:
             return []
         keys = [self.key(kind, h) for h in hashes]
         found = self.store.lookup(keys)
+        timeouts = self.store.stats().lookup_timeouts
+        if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
+            self.stats.add("lookup_timeouts", timeouts - self._lookup_timeouts)
+            self._lookup_timeouts = timeouts
         if self._inflight:
             now = time.monotonic()
             for key, t in list(self._inflight.items()):

@@ -28,6 +28,7 @@ COUNTERS: dict[str, str] = {
     "blend_preemptions": "Blended requests preempted and blended again on readmission (chunk KV reloaded)",
     "blend_fallbacks_preempted": "Preempted blended requests whose chunk KV was gone on readmission (computed in full)",
     "blend_fallbacks_external_trimmed": "Blend requests whose region vLLM cut short (the rest computed in full)",
+    "lookup_timeouts": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",

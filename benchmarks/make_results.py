@@ -72,6 +72,10 @@ EVAL_RUNS += [
     ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
      "--kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_musique.json"),
+    ("blend_oracle_generated50.json", "The oracle ranking, generated set, 50 questions (next-token KL over 2 answer "
+     "tokens)",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
+     "--ratios 0.15,0.3 --selections oracle --kl-tokens 2 --no-plot --out benchmarks/results/blend_oracle_generated50.json"),
     ("blend_epic_query_generated50.json", "EPIC's chunk starts with the query rule, generated set, 50 questions",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
      "--ratios 0.15,0.3 --selections query --plus-chunk-start 16 --kl-tokens 2 --no-plot "
@@ -106,6 +110,11 @@ PAIRED = [
      _at_both_ratios("+shift", "+shift 0.5")),
     ("KV shift at half the chunk mean against the query rule alone, MuSiQue, 8 questions", "blend_pareto_musique.json",
      "blend_kv_shift_half_musique8.json", _at_both_ratios("", "+shift 0.5")),
+    ("The query rule alone and with the KV shift at half the chunk mean against the oracle ranking, generated set, "
+     "50 questions", "blend_oracle_generated50.json", "blend_kv_shift_half_generated50.json",
+     [(f"oracle {r}", f"blend {r} +shift 0.5") for r in ("0.15", "0.3")]),
+    ("The query rule alone against the oracle ranking, generated set, 50 questions", "blend_oracle_generated50.json",
+     "blend_epic_query_generated50.json", [(f"oracle {r}", f"blend {r}") for r in ("0.15", "0.3")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", _at_both_ratios("", "+start 16")),
 ]

@@ -31,7 +31,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
                             plus_chunk_start, plus_kv_shift)
-from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
+from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+                             run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
 from ucm.sparse.blend.vocabulary import is_ratio  # noqa: E402
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with run_store(args, "ucm-blend-bench-") as store:
         print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
               f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
-              f"modes:   {', '.join(m.name for m in modes)}", flush=True)
+              f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
         started = time.time()
         engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
         results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args), **engine)

@@ -38,7 +38,8 @@ if not VERBOSE:
     warnings.simplefilter("ignore", FutureWarning)
 
 from ucm.eval.modes import modes_for  # noqa: E402
-from ucm.eval.engine import add_run_args, check_run_args, examples_and_model, run_on_engine, run_store  # noqa: E402
+from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+                             run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summarize, unexpected_reports,  # noqa: E402
                               write_results_json)
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with run_store(args, "ucm-blend-store-", keep=args.keep_store) as store:
         print(f"model: {args.model}\nstore: {store.path}{' (temporary)' if store.temporary else ''}\n"
-              f"data:  {args.dataset or 'generated'} ({len(examples)} questions)", flush=True)
+              f"data:  {args.dataset or 'generated'} ({len(examples)} questions)\n"
+              f"Blend: ratio {args.ratio:g}, {args.selections[0]} rule, {kv_shift_note(args)}", flush=True)
         results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args))
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)

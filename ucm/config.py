@@ -71,6 +71,7 @@ EXACT_PREFIX_PARAM = "ucm_exact_prefix"
 # indexing request that sends the chunk by itself), so no user's text shapes another's reuse.
 CHUNK_STORE_POLICIES = ("any", "alone")
 CHUNK_START_TOKENS_PARAM = "ucm_chunk_start_tokens"  # tokens per loaded chunk recomputed before any ranking
+KV_SHIFT_DEFAULT = 0.0  # compute_meta kv_shift when absent
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
                   CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM)
@@ -199,7 +200,7 @@ class BlendConfig:
     # Move the stored KV of the tokens not recomputed by this share of their chunk's mean error,
     # measured on its recomputed tokens at every layer from the check layer on (sparse/blend/kv_shift.py);
     # 0: off. true is 1 and false 0.
-    kv_shift: float = 0.0
+    kv_shift: float = KV_SHIFT_DEFAULT
     # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
     # blended region and the recomputed share), summed over the requests blended in one step;
     # None: vLLM's max_num_batched_tokens. A step's first blend request always goes.
@@ -267,7 +268,7 @@ class BlendConfig:
         layer_path = _key(meta_path, layer_name)
         layer_meta = _mapping(layer_meta, layer_path)
         _warn_unknown(layer_meta, {"ratio", "selection", "chunk_start_tokens", "kv_shift"}, layer_path)
-        kv_shift = kv_shift_share(layer_meta.get("kv_shift", 0.0))
+        kv_shift = kv_shift_share(layer_meta.get("kv_shift", KV_SHIFT_DEFAULT))
         if kv_shift is None:
             raise UCMConfigError(f"{layer_path}.kv_shift must be a number in [0, 1] (or true / false), "
                                  f"got {layer_meta['kv_shift']!r}")

@@ -178,6 +178,21 @@ def test_transfer_config_carries_the_store_cap(tmp_path):
     assert NfsStoreConfig.from_dict(extra["ucm_connectors"][0]["ucm_connector_config"]).capacity_bytes is None
 
 
+def test_kv_shift_option_reaches_the_blend_config_and_bad_shares_are_refused(tmp_path):
+    from ucm.config import KV_SHIFT_DEFAULT, UCMConfig
+    from ucm.integration.vllm.llm import ucm_transfer_config
+
+    def configured(kv_shift):
+        extra = ucm_transfer_config(tmp_path, 0.15, kv_shift=kv_shift).kv_connector_extra_config
+        return UCMConfig.from_extra_config(extra).sparse.kv_shift
+
+    assert configured(None) == KV_SHIFT_DEFAULT and configured(0.5) == 0.5 and configured(0.0) == 0.0
+    p = _run_parser()
+    assert p.parse_args([]).kv_shift is None and p.parse_args(["--kv-shift", "0.5"]).kv_shift == 0.5
+    with pytest.raises(SystemExit):
+        check_run_args(p, p.parse_args(["--kv-shift", "1.5"]))
+
+
 def test_indexing_prompts_are_system_plus_each_passage():
     prompt = ChunkedPrompt([1, 2, 10, 11, 2, 20, 2, 30, 31], [2, 3, 2])  # suffix 30, 31
     assert indexing_prompts(prompt) == [[1, 2, 10, 11, 2], [1, 2, 20, 2]]

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ucm.config import CHUNK_STORE_POLICIES, QUERY_SELECTION
+from ucm.config import CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT, QUERY_SELECTION
+from ucm.sparse.blend.vocabulary import is_ratio
 from ucm.store.config import GB
 from ucm.eval.modes import DEFAULT_RATIO, parse_selections
 
@@ -47,6 +48,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                         "'chunk_start' (EPIC: the first tokens of every chunk) and/or 'oracle' (a diagnostic "
                         "ranking from a full prefill run first, a reference for the others; its TTFT is not "
                         f"Blend's) (default {','.join(selections)})")
+    p.add_argument("--kv-shift", type=float, default=None, metavar="SHARE",
+                   help="share in [0, 1] of its chunk's mean KV error the reused KV of the Blend modes is moved by "
+                        "(compute_meta kv_shift; default: the config's, " + f"{KV_SHIFT_DEFAULT:g})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -65,10 +69,18 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
 def check_run_args(p, args) -> None:
     if not 0.0 <= args.ratio <= 1.0:
         p.error("--ratio must be in [0, 1]")
+    if args.kv_shift is not None and not is_ratio(args.kv_shift):
+        p.error(f"--kv-shift must be a share in [0, 1], got {args.kv_shift:g}")
     if args.num_questions < 1:
         p.error("--num-questions must be at least 1")
     if args.store_capacity_gb is not None and not args.store_capacity_gb > 0:
         p.error("--store-capacity-gb must be positive")
+
+
+def kv_shift_note(args) -> str:
+    """What the engine's Blend modes do with the reused KV, for a run's header."""
+    share = args.kv_shift if args.kv_shift is not None else KV_SHIFT_DEFAULT
+    return f"kv_shift {share:g}" if share else "no kv_shift"
 
 
 def examples_and_model(args) -> tuple[list, str]:
@@ -92,7 +104,8 @@ def examples_and_model(args) -> tuple[list, str]:
 
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
-                   capacity_gb: float | None = None, chunk_store: str | None = None, **overrides: Any):
+                   capacity_gb: float | None = None, chunk_store: str | None = None, kv_shift: float | None = None,
+                   **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -104,7 +117,8 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb,
-                                                                  chunk_store=chunk_store), **kwargs)
+                                                                  chunk_store=chunk_store, kv_shift=kv_shift),
+                    **kwargs)
 
 
 @dataclass
@@ -139,7 +153,8 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
         print(note, flush=True)
     dtype = {"dtype": args.dtype} if args.dtype else {}
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
-                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, **dtype, **engine)
+                         capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, kv_shift=args.kv_shift,
+                         **dtype, **engine)
     try:
         return fn(llm)
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ucm.eval.metrics import bootstrap_ci
 from ucm.eval.measure import Measurement, QuestionResult
+from ucm.config import KV_SHIFT_DEFAULT
 from ucm.eval.modes import FULL_PREFILL, Mode
 
 
@@ -201,6 +202,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "max_tokens": args.max_tokens, "ratios": sorted({m.ratio for m in modes if m.ratio is not None}),
             "selections": args.selections, "dtype": args.dtype or "default",
             "max_num_batched_tokens": args.max_num_batched_tokens, "chunk_store": args.chunk_store,
+            "kv_shift": args.kv_shift if getattr(args, "kv_shift", None) is not None else KV_SHIFT_DEFAULT,
             "chunk_start_tokens": {m.name: m.chunk_start_tokens for m in modes if m.chunk_start_tokens},
             "index_related": getattr(args, "index_related", 0),
             "machine": platform.machine(),

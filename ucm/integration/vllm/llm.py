@@ -43,8 +43,9 @@ def make_llm(model: str, **overrides: Any):
 
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
                         check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
-                        chunk_store: str | None = None):
-    """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given."""
+                        chunk_store: str | None = None, kv_shift: float | None = None):
+    """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given
+    (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default)."""
     from vllm.config import KVTransferConfig
 
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
@@ -56,6 +57,8 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
                                                 "compute_meta": {check_layer: {"ratio": blend_ratio}}}}
         if chunk_store is not None:
             extra["ucm_sparse_config"]["Blend"]["chunk_store"] = chunk_store
+        if kv_shift is not None:
+            extra["ucm_sparse_config"]["Blend"]["compute_meta"][check_layer]["kv_shift"] = kv_shift
     return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 

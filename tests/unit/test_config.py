@@ -10,6 +10,7 @@ import pytest
 
 from ucm.config import (
     SPARSE_METHODS,
+    KV_SHIFT_DEFAULT,
     BlendConfig,
     StoreSpec,
     UCMConfig,
@@ -486,7 +487,7 @@ def test_kv_shift_is_a_share():
     def config(**meta):
         return BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {"ratio": 0.1, **meta}}})
 
-    assert config().kv_shift == 0.0 and config(kv_shift=True).kv_shift == 1.0
+    assert config().kv_shift == KV_SHIFT_DEFAULT == 0.5 and config(kv_shift=True).kv_shift == 1.0
     assert config(kv_shift=False).kv_shift == 0.0 and config(kv_shift=0.5).kv_shift == 0.5
     assert config(kv_shift=1).kv_shift == 1.0
     for bad in (1.5, -0.1, "true", None, float("nan")):

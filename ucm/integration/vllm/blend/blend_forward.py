@@ -258,15 +258,21 @@ def _rows_in_chunks(regions: dict, b: BlendRows, wanted):
 def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,
                    idx_loaded: torch.Tensor) -> KVShiftPlan | None:
     """The main pass's chunk-mean KV shift: its loaded rows (`idx_loaded` over the pass rows `idx`)
-    estimate each chunk's error, the loaded rows `left_out` are moved; None when no request shifts."""
+    estimate each chunk's error, the loaded rows `left_out` of chunks with an estimate are moved;
+    None when nothing moves (no request shifts, or none recomputes a loaded row: full reuse)."""
     chunk, shares = batch.chunk_of
     if not shares.numel() or step.rope is None:
         return None
     b = batch.rows
     src = torch.nonzero(idx_loaded & (chunk[idx] >= 0)).flatten()
-    dst = left_out & (chunk >= 0)
-    step.stats.add("kv_shifted_tokens", int(dst.sum()))
     src_rows = idx[src]
+    estimated = torch.zeros(shares.shape[0] + 1, dtype=torch.bool, device=chunk.device)
+    estimated[chunk[src_rows]] = True  # index -1 (rows outside the chunks) lands on the spare last slot
+    dst = left_out & (chunk >= 0) & estimated[chunk]
+    moved = int(dst.sum())
+    if not moved:
+        return None
+    step.stats.add("kv_shifted_tokens", moved)
     return KVShiftPlan.build(step.layout, src, b.slot_mapping[src_rows], chunk[src_rows], b.positions[src_rows].long(),
                              b.slot_mapping[dst], chunk[dst], b.positions[dst].long(), shares, *step.rope)
 

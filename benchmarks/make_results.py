@@ -84,6 +84,14 @@ EVAL_RUNS += [
      "tokens)",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
      "--ratios 0.15,0.3 --selections oracle --kl-tokens 2 --no-plot --out benchmarks/results/blend_oracle_generated50.json"),
+    ("blend_query_norm_generated100.json", "The query rule weighing the deviation's norm (the default since "
+     "2026-11-24), generated set, questions 0-99",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 100 --sweep "
+     "--ratios 0.15,0.3 --selections query --no-plot --out benchmarks/results/blend_query_norm_generated100.json"),
+    ("blend_oracle_shift_generated100.json", "The query rule and the oracle ranking, both with the default kv_shift, "
+     "generated set, 100 questions, ratio 0.3",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 100 --sweep "
+     "--ratios 0.3 --selections query,oracle --no-plot --out benchmarks/results/blend_oracle_shift_generated100.json"),
     ("blend_epic_query_generated50.json", "EPIC's chunk starts with the query rule, generated set, 50 questions",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
      "--ratios 0.15,0.3 --selections query --plus-chunk-start 16 --kl-tokens 2 --no-plot "
@@ -127,6 +135,11 @@ PAIRED = [
      "blend_kv_shift_half_musique20.json", "blend_kv_shift_half_musique20.json", [("blend 0.15", "blend 0.15 +shift 0.5")]),
     ("The default kv_shift (0.5) against none, MuSiQue, 100 questions, bfloat16", "blend_bench_musique100_bf16.json",
      "blend_bench_musique100_bf16_shift.json", [("blend 0.15", "blend 0.15"), ("full reuse", "full reuse")]),
+    ("The query rule against the oracle ranking, both with the default kv_shift, generated set, 100 questions",
+     "blend_oracle_shift_generated100.json", "blend_oracle_shift_generated100.json", [("blend 0.3", "oracle 0.3")]),
+    ("The query rule weighing the deviation's norm against its square, both with kv_shift 0.5, generated set, "
+     "questions 0-99", "blend_kv_shift_half_generated200.json", "blend_query_norm_generated100.json",
+     [(f"blend {r} +shift 0.5", f"blend {r}") for r in ("0.15", "0.3")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", _at_both_ratios("", "+start 16")),
 ]

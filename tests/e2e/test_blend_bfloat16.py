@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from blend_helpers import forget_local_prefix_cache, params, prompts, result, run
 
+from ucm.eval.metrics import short_answer
 from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 
 BF16_LOGPROB_TOL = 0.05
@@ -103,10 +104,14 @@ def test_reordered_chunks_at_ratio_one_match_full_prefill(blend_bf16):
 
 
 def test_blend_at_default_ratio_answers_like_full_prefill(blend_bf16):
-    """The default ratio over reordered chunks: approximate KV, so only the greedy answer's first
-    tokens are compared (this prompt's answer is stable under Blend in float32 and bfloat16)."""
+    """The default ratio over reordered chunks: approximate KV, so the greedy answers are compared
+    as the benchmarks compare them, by their first sentence (this prompt's, " falconer.", is
+    stable under Blend in float32 and bfloat16; what follows it is not)."""
     a, b = prompts(blend_bf16, seed=303)
     run(blend_bf16, a)
     blended = run(blend_bf16, b)
     assert blended.report["blended"] and blended.report["ratio"] == pytest.approx(0.15)
-    assert blended.tokens[:4] == full_prefill(blend_bf16, b, 303).tokens[:4]
+    full = full_prefill(blend_bf16, b, 303)
+    tok = blend_bf16.get_tokenizer()
+    answers = [short_answer(tok.decode(r.tokens, skip_special_tokens=True)) for r in (blended, full)]
+    assert answers[1] and answers[0] == answers[1], answers

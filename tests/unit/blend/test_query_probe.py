@@ -105,11 +105,22 @@ def test_probe_candidates_widen_the_ratio_per_request_and_skip_unprobed_rows():
 
 def test_query_weighted_score_ranks_candidates_only_and_falls_back_to_deviation_where_not_probed():
     per_cost = torch.tensor([0.5, 2.0, 3.0, 0.0, 0.0])
-    dev = torch.tensor([4.0, 0.0, 1.0, 3.0, 5.0])
+    dev = torch.tensor([4.0, 0.0, 1.0, 3.0, 5.0])  # squared L2
     probed = torch.tensor([True, True, True, False, False])
     candidates = torch.tensor([True, True, False, False, False])
-    # candidates: per_cost * deviation (>= 0); other probed rows below every candidate; else deviation
-    assert query_weighted_score(per_cost, dev, probed, candidates).tolist() == [2.0, 0.0, -1.0, 3.0, 5.0]
+    # candidates: per_cost * sqrt(deviation) (>= 0); other probed rows below every candidate; else deviation
+    assert query_weighted_score(per_cost, dev, probed, candidates).tolist() == [1.0, 0.0, -1.0, 3.0, 5.0]
+
+
+def test_query_weighted_score_weighs_attention_and_error_norm_alike():
+    """Twice the attention outranks 1.5 times the error norm (2.25 times the squared deviation),
+    as in the oracle's attention x error norm; a product with the squared deviation ranked the
+    other way round."""
+    per_cost = torch.tensor([2.0, 1.0])
+    dev = torch.tensor([1.0, 2.25])
+    both = torch.ones(2, dtype=torch.bool)
+    score = query_weighted_score(per_cost, dev, both, both)
+    assert score[0] > score[1] and (per_cost * dev)[0] < (per_cost * dev)[1]
 
 
 def test_oracle_layer_score_is_attention_times_v_error_norm():

@@ -36,11 +36,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ucm.config import KV_SHIFT_DEFAULT
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
 RATIO = 0.15
-KV_SHIFT = 0.5  # the default share (ucm.config.KV_SHIFT_DEFAULT), written out: the JSON records it
+DTYPE = "float32"  # the server's --dtype, recorded in the JSON
 TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 
 
@@ -70,12 +72,12 @@ def start_server(model: str, store: str, port: int, extra: list[str], log) -> su
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": store}}],
         "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
                                         "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO,
-                                                                                         "kv_shift": KV_SHIFT}},
+                                                                                         "kv_shift": KV_SHIFT_DEFAULT}},
                                         # what this benchmark's clients set per request (the operator's call)
                                         "request_params": ["ucm_chunk_lengths", "ucm_disable_blend"]}}}}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
-           str(port), "--dtype", "float32", "--enforce-eager",
+           str(port), "--dtype", DTYPE, "--enforce-eager",
            "--kv-transfer-config", json.dumps(ktc), *extra]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -223,7 +225,7 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     results = {"dataset": dataset, "questions": len(prompts), "mean_prompt_tokens": prompt_tokens / len(prompts),
-               "ratio": RATIO, "dtype": "float32", "kv_shift": KV_SHIFT, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
+               "ratio": RATIO, "dtype": DTYPE, "kv_shift": KV_SHIFT_DEFAULT, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     store = tempfile.mkdtemp(prefix="ucm-serve-bench-")

@@ -44,6 +44,9 @@ class StoreStats:
     dram_hits: int = 0  # loads served by the DRAM tier (included in load_blocks)
     dump_skipped: int = 0  # dumps of blocks that were already stored (included in dump_blocks)
     load_timeouts: int = 0  # keys of loads abandoned after the store's timeout (included in load_errors)
+    # keys of dumps whose caller stopped waiting after the store's timeout (their IO is accounted,
+    # in dump_blocks / dump_errors, when it returns)
+    dump_timeouts: int = 0
     dump_over_capacity: int = 0  # blocks of a dump that did not fit under capacity_gb (not stored; in dump_errors)
     # keys answered as misses because the store's lookup passed its timeout (or one still had)
     lookup_timeouts: int = 0

@@ -82,6 +82,10 @@ class NfsStoreConfig:
     # A load not finished by then is a miss (the blocks are recomputed): a hung mount must not
     # stall the engine. Its buffers stay pinned until the IO returns. 0: wait for ever.
     load_timeout_s: float = 30.0
+    # A dump not written by then counts as not stored for its caller, which stops waiting (the
+    # worker waits for its dumps before each step's loads: a hung mount must not stall it). The IO
+    # goes on in the background, buffers pinned, and is accounted when it returns. 0: wait for ever.
+    dump_timeout_s: float = 60.0
     # A lookup (one stat per block) not answered by then is all misses, and so is every lookup
     # until it returns: the scheduler asks the store on every step and must not hang with the
     # mount. 0: wait for ever (in the calling thread).
@@ -117,6 +121,7 @@ class NfsStoreConfig:
             usage_rescan_s=_number(d, "usage_rescan_s", 60.0, minimum=0.0),
             touch_interval_s=_number(d, "touch_interval_s", 1.0, minimum=0.0),
             load_timeout_s=_number(d, "load_timeout_s", 30.0, minimum=0.0),
+            dump_timeout_s=_number(d, "dump_timeout_s", 60.0, minimum=0.0),
             lookup_timeout_s=_number(d, "lookup_timeout_s", 5.0, minimum=0.0),
         )
 

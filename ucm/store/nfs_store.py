@@ -67,8 +67,9 @@ class UcmNfsStore(KVStoreBase):
         self._logged: set[tuple[str, int, int]] = set()
         self._direct_fallback_logged = False
         self._timeout_logged = False
+        self._dump_timeout_logged = False
         self._closed = False
-        self._abandoned: list[Task] = []  # timed-out loads whose IO has not returned yet
+        self._abandoned: list[Task] = []  # timed-out loads and dumps whose IO has not returned yet
         # Lookups run on one thread of their own when they may time out; a lookup past the
         # timeout stays there until its stats return, and every lookup meanwhile is all misses.
         self._lookup_jobs: queue.SimpleQueue[_Lookup | None] | None = None
@@ -139,14 +140,19 @@ class UcmNfsStore(KVStoreBase):
                 self._dram.put(key, view, t)
         paths = [self._layout.block_path(k) for k in keys]
         task = Task("dump", keys)
-        if not self._roots_intact():
+        # Blocks already stored are skipped before capacity is reserved: re-dumping them must not
+        # evict others (the native engine still skips any that appear meanwhile). The check is a
+        # lookup, with its timeout: a mount that does not answer gets no writes, and the caller
+        # does not wait for it.
+        present = self._exists(paths)
+        if present is None or not self._roots_intact():
             task.results = [False] * len(keys)
+            task.timed_out = present is None
             with self._lock:
                 self._stats.dump_errors += len(keys)
+                if present is None:
+                    self._stats.lookup_timeouts += len(keys)
             return task
-        # Blocks already stored are skipped before capacity is reserved: re-dumping them must not
-        # evict others (the native engine still skips any that appear meanwhile).
-        present = self._engine.exists(paths)
         task.native_indices = [i for i, p in enumerate(present) if not p]
         new = task.native_indices
         over: list[int] = []
@@ -175,10 +181,10 @@ class UcmNfsStore(KVStoreBase):
         if task.results is not None:
             return list(task.results)
         self._reap_abandoned()
-        timeout = self.config.load_timeout_s if task.kind == "load" and self.config.load_timeout_s else -1.0
-        done = self._engine.wait(task.native_id, timeout)
+        timeout = self.config.load_timeout_s if task.kind == "load" else self.config.dump_timeout_s
+        done = self._engine.wait(task.native_id, timeout or -1.0)
         if done is None:
-            return self._abandon(task)
+            return self._abandon(task) if task.kind == "load" else self._abandon_dump(task)
         statuses, errnos, tokens, seconds = done
         if task.kind == "load":
             results = self._finish_load(task, statuses, errnos, tokens, seconds)
@@ -208,7 +214,7 @@ class UcmNfsStore(KVStoreBase):
         self._reap_abandoned()
         hung_lookup = self._hung_lookup is not None and not self._hung_lookup.done.is_set()
         if self._abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
-            logger.warning("%d timed-out store loads%s still blocked in IO; leaving their threads",
+            logger.warning("%d timed-out store loads or dumps%s still blocked in IO; leaving their threads",
                            len(self._abandoned), " and a lookup are" if hung_lookup else " are")
         else:
             self._engine.close()
@@ -246,7 +252,13 @@ class UcmNfsStore(KVStoreBase):
     def abandoned_loads(self) -> int:
         """Timed-out loads whose IO has not returned yet (their buffers are still pinned)."""
         self._reap_abandoned()
-        return len(self._abandoned)
+        return sum(t.kind == "load" for t in self._abandoned)
+
+    @property
+    def abandoned_dumps(self) -> int:
+        """Timed-out dumps whose IO has not returned yet (their sources are still pinned)."""
+        self._reap_abandoned()
+        return sum(t.kind == "dump" for t in self._abandoned)
 
     @property
     def used_bytes(self) -> int | None:
@@ -303,16 +315,38 @@ class UcmNfsStore(KVStoreBase):
                            "in stats().load_timeouts", timed_out, self.config.load_timeout_s)
         return list(task.results)
 
-    def _reap_abandoned(self) -> None:
-        """Release the buffers of timed-out loads whose IO has returned since."""
+    def _abandon_dump(self, task: Task) -> list[bool]:
+        """A dump past `dump_timeout_s`: not stored as far as the caller knows (blocks that were
+        already stored count as stored); its IO is accounted when it returns."""
+        task.timed_out = True
+        submitted = set(task.native_indices)
+        task.results = [i not in submitted and i not in task.context.over for i in range(len(task.keys))]
         with self._lock:
-            still = []
+            self._abandoned.append(task)
+            self._stats.dump_timeouts += len(submitted)
+        if not self._dump_timeout_logged:
+            self._dump_timeout_logged = True
+            logger.warning("store dump of %d blocks not done after dump_timeout_s=%g s (hung or overloaded "
+                           "mount?); not waiting for it (they may not be stored, and are recomputed if so); "
+                           "further timeouts are only counted in stats().dump_timeouts", len(submitted),
+                           self.config.dump_timeout_s)
+        return list(task.results)
+
+    def _reap_abandoned(self) -> None:
+        """Release the buffers of timed-out loads and dumps whose IO has returned since; a dump's
+        outcome is accounted then (its statistics and the capacity it reserved)."""
+        with self._lock:
+            still, returned = [], []
             for task in self._abandoned:
                 if self._engine.poll(task.native_id):
-                    self._engine.wait(task.native_id)  # done: returns at once, releasing its pins
+                    # done: returns at once, releasing its pins
+                    returned.append((task, self._engine.wait(task.native_id)))
                 else:
                     still.append(task)
             self._abandoned = still
+        for task, (statuses, errnos, _, seconds) in returned:
+            if task.kind == "dump":
+                self._finish_dump(task, statuses, errnos, seconds)
 
     def _finish_load(
         self, task: Task, statuses: list[int], errnos: list[int], tokens: list[int], seconds: float

@@ -193,9 +193,9 @@ def test_a_store_lookup_past_its_timeout_computes_the_request_in_full_and_counts
     lookup_timeout_s (here 100,000 stats), requests are planned with misses at once."""
     from ucm.store.keys import store_key
 
-    side = side_for(tmp_path, store_extra={"lookup_timeout_s": 0.001})
     tokens = prompt(1)
-    store_chunks(side, tokens)
+    store_chunks(side_for(tmp_path), tokens)  # a writer that waits for its lookups
+    side = side_for(tmp_path, store_extra={"lookup_timeout_s": 0.001})
     slow = [store_key(b"other", KeyKind.CHUNK, i.to_bytes(32, "little")) for i in range(100_000)]
     assert not any(side.store.lookup(slow))
     req = request(side, "a", tokens)

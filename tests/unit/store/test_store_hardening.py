@@ -157,6 +157,34 @@ def test_load_past_its_timeout_is_a_miss_and_the_store_goes_on(tmp_path):
     patient.close()
 
 
+def test_dump_past_its_timeout_is_not_waited_for_and_is_accounted_when_its_io_returns(tmp_path):
+    """One IO thread cannot write 64 MiB in a millisecond: the caller stops waiting (a hung mount
+    must not stall the worker), the blocks count as not stored, and when the IO returns the store
+    accounts it: the blocks are there, whole, and the capacity reserved for them is settled."""
+    from ucm.store import UcmNfsStore
+
+    keys = [bytes([i]) * 16 for i in range(16)]
+    blocks = [np.full(4 << 20, i, dtype=np.uint8) for i in range(16)]
+    store = UcmNfsStore({"storage_backends": str(tmp_path), "io_threads": 1, "dump_timeout_s": 0.001,
+                         "capacity_gb": 1})
+    task = store.dump(keys, blocks, [1] * 16)
+    del blocks  # the store pins the sources until the IO returns
+    assert store.wait(task) == [False] * 16 and task.timed_out
+    assert store.stats().dump_timeouts == 16 and store.stats().dump_blocks == 0
+    deadline = time.monotonic() + 30
+    while store.abandoned_dumps and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.abandoned_dumps == 0
+    stats = store.stats()
+    assert stats.dump_blocks == 16 and stats.dump_errors == 0  # written after all, and counted so
+    assert store._limiter._reserved == 0  # the reservation is settled
+    assert store._limiter.used_bytes == sum(os.path.getsize(store.block_path(k)) for k in keys)
+    dest = [np.zeros(4 << 20, dtype=np.uint8) for _ in keys]
+    assert store.wait(store.load(keys, dest)) == [True] * 16
+    assert all(int(d[0]) == i and int(d[-1]) == i for i, d in enumerate(dest))
+    store.close()
+
+
 def test_a_block_failing_with_an_io_error_is_quarantined():
     """A block that exists but cannot be read (here: no permission, EACCES) must not be looked up,
     failed and recomputed on every request: after one failed load it is a miss in that process."""
@@ -189,9 +217,10 @@ def test_a_lookup_past_its_timeout_is_all_misses_and_so_is_every_lookup_until_it
     """The scheduler asks the store on every step: a lookup the file system does not answer in
     time (here: 100,000 stats cannot finish in a millisecond) is all misses, and lookups while it
     is still blocked are answered at once, as misses, instead of queueing behind it."""
-    store = make_store(lookup_timeout_s=0.001)
     key = key_of(1)
-    assert store.wait(store.dump([key], [block_for(key, 1000)], [1])) == [True]
+    writer = make_store()
+    assert writer.wait(writer.dump([key], [block_for(key, 1000)], [1])) == [True]
+    store = make_store(lookup_timeout_s=0.001)
     many = [key] + [key_of(1000 + i) for i in range(100_000)]
     assert store.lookup(many) == [False] * len(many)  # the stored block too: not answered in time
     t0 = time.monotonic()
@@ -202,6 +231,23 @@ def test_a_lookup_past_its_timeout_is_all_misses_and_so_is_every_lookup_until_it
     while not store.lookup([key])[0]:  # answers again once the slow lookup has returned
         assert time.monotonic() < deadline, "lookups never answered again"
         time.sleep(0.01)
+
+
+def test_a_dump_while_lookups_do_not_answer_is_refused_at_once(make_store):
+    """A dump checks which blocks are stored with a lookup: while the file system does not answer
+    one (here 100,000 stats), the dump is refused at once instead of blocking the worker in a
+    hung mount; it writes nothing, and the block can be stored later."""
+    store = make_store(lookup_timeout_s=0.001)
+    key = key_of(7)
+    assert store.lookup([key_of(1000 + i) for i in range(100_000)]) == [False] * 100_000
+    t0 = time.monotonic()
+    task = store.dump([key], [block_for(key, 1000)], [1])
+    assert store.wait(task) == [False] and task.timed_out
+    assert time.monotonic() - t0 < 0.1
+    assert not os.path.exists(store.block_path(key))
+    assert store.stats().dump_errors == 1
+    patient = make_store()  # the same directory, default lookup timeout
+    assert patient.wait(patient.dump([key], [block_for(key, 1000)], [1])) == [True]
 
 
 def test_lookups_without_a_timeout_run_in_the_calling_thread(make_store):

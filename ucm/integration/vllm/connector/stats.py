@@ -33,6 +33,7 @@ COUNTERS: dict[str, str] = {
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
     "load_timeouts": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
+    "dump_timeouts": "Blocks whose store dump passed dump_timeout_s (not waited for; recomputed if not stored)",
     "load_bytes": "Bytes loaded from the store",
     "load_ms": "Milliseconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",

@@ -323,6 +323,8 @@ class WorkerSide:
             if block or self.store.check(p.task):
                 ok = self.store.wait(p.task)
                 failed = len(ok) - sum(ok)
+                if p.task.timed_out:  # a hung mount: the step goes on, the blocks may not be stored
+                    self.stats.add("dump_timeouts", failed)
                 if failed:  # a full store under capacity_gb refuses some on every step: say it once
                     log = logger.debug if self._dump_failure_logged else logger.warning
                     self._dump_failure_logged = True

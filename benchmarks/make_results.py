@@ -92,6 +92,10 @@ EVAL_RUNS += [
      "KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 8 --sweep --ratios 0.15,0.3 --selections query --kl-tokens 2 "
      "--no-plot --out benchmarks/results/blend_query_norm_musique8.json"),
+    ("blend_query_norm_musique20.json", "The query rule weighing the deviation's norm, MuSiQue, 20 questions (next-token "
+     "KL over 2 answer tokens)",
+     "python benchmarks/blend_bench.py --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --kl-tokens 2 "
+     "--no-plot --out benchmarks/results/blend_query_norm_musique20.json"),
     ("blend_oracle_shift_generated100.json", "The query rule and the oracle ranking, both with the default kv_shift, "
      "generated set, 100 questions, ratio 0.3",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 100 --sweep "
@@ -147,6 +151,8 @@ PAIRED = [
     ("The query rule weighing the deviation's norm against its square, both with kv_shift 0.5, MuSiQue, 8 questions",
      "blend_kv_shift_half_musique8.json", "blend_query_norm_musique8.json",
      [(f"blend {r} +shift 0.5", f"blend {r}") for r in ("0.15", "0.3")]),
+    ("The query rule weighing the deviation's norm against its square, both with kv_shift 0.5, MuSiQue, 20 questions",
+     "blend_kv_shift_half_musique20.json", "blend_query_norm_musique20.json", [("blend 0.15 +shift 0.5", "blend 0.15")]),
     ("EPIC's chunk starts with the query rule, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_epic_query_generated50.json", _at_both_ratios("", "+start 16")),
 ]

@@ -92,6 +92,11 @@ EVAL_RUNS += [
      "KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 8 --sweep --ratios 0.15,0.3 --selections query --kl-tokens 2 "
      "--no-plot --out benchmarks/results/blend_query_norm_musique8.json"),
+    ("blend_query_heldout_generated200_299.json", "The shipped query rule on held-out generated questions 200-299 "
+     "(never used to choose anything)",
+     "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 100 "
+     "--skip-questions 200 --sweep --ratios 0.15,0.3 --selections query --no-plot "
+     "--out benchmarks/results/blend_query_heldout_generated200_299.json"),
     ("blend_query_norm_musique20.json", "The query rule weighing the deviation's norm, MuSiQue, 20 questions (next-token "
      "KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --kl-tokens 2 "
@@ -200,6 +205,9 @@ def eval_table(data: dict) -> str:
 def eval_context(data: dict) -> str:
     c, t = data["config"], data.get("prompt_tokens", {})
     dataset = Path(str(c.get("dataset"))).name if c.get("dataset") not in (None, "generated") else "generated"
+    skip = c.get("skip_questions") or 0
+    if skip:
+        dataset += f", questions {skip}-{skip + c.get('num_questions', 0) - 1}"
     return (f"{c.get('num_questions')} questions ({dataset}), prompts of {t.get('min')}-{t.get('max')} tokens, "
             f"dtype {c.get('dtype') if c.get('dtype') not in (None, 'default') else 'float32'}, {c.get('cpu_count')} CPUs, started {c.get('started')}, "
             f"{c.get('duration_s', 0) / 60:.0f} min, Blend modes {_kv_shift(c)} unless named")

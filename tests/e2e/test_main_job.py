@@ -53,3 +53,23 @@ def test_benchmark_sweep_writes_json(model_dir, tmp_path):
     # Ratio 1 recomputes every loaded token: the answer is full prefill's.
     assert summary["blend 1"]["agree_pct"] == 100.0
     assert summary["blend 0.15"]["recomputed_tokens"] < summary["blend 1"]["recomputed_tokens"]
+
+
+def test_benchmark_indexes_each_passage_after_its_related_one(model_dir, tmp_path):
+    """--index-related 1 (FusionRAG-style indexing): each passage is stored after its most similar
+    passage of the run, as one context chunk, so every indexing request holds about two passages;
+    the measured prompts still find every passage under its own hash and blend it."""
+    result = tmp_path / "related.json"
+    _run("benchmarks/blend_bench.py", "--generated", "--num-questions", "2", "--passages", "3",
+         "--passage-words", "80", "--index-related", "1", "--sweep", "--ratios", "0,1", "--no-plot",
+         "--out", str(result), env_extra={"MODEL_PATH": str(model_dir)})
+    data = json.loads(result.read_text())
+    assert data["config"]["index_related"] == 1
+    summary = {s["mode"]: s for s in data["summary"]}
+    assert summary["full reuse"]["blended"] == 2 and summary["blend 1"]["agree_pct"] == 100.0
+    for q in data["questions"]:
+        reuse = next(m for m in q["measurements"] if m["mode"] == "full reuse")
+        passages = reuse["report"]["chunk_hit_tokens"]
+        assert passages > 0 and len(q["index_prompt_tokens"]) == 3
+        # Alone, the indexing requests would hold the passages once (plus the system chunk each).
+        assert sum(q["index_prompt_tokens"]) > 1.8 * passages, (q["index_prompt_tokens"], passages)

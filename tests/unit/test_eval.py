@@ -139,6 +139,28 @@ def test_store_is_capped_for_temporary_stores_only(tmp_path):
         check_run_args(p, p.parse_args(["--store-capacity-gb", "0"]))
 
 
+def test_skip_questions_runs_the_end_of_a_longer_run(tmp_path):
+    """--skip-questions N: the questions a run of N + num-questions would end with (held-out questions
+    of a generated set); a bad value ends the run before anything slow starts."""
+    from ucm.eval.engine import examples_and_model
+
+    def examples(*argv):
+        args = _run_parser().parse_args(list(argv))
+        args.dataset, args.model = None, "unused"
+        return examples_and_model(args)[0]
+
+    longer = examples("--num-questions", "5")
+    assert examples("--num-questions", "2", "--skip-questions", "3") == longer[3:]
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps([{"ctxs": [{"title": "T", "text": "body"}], "question": "q?", "answers": ["a"]}]))
+    for argv, dataset in ((["--skip-questions", "-1"], None), (["--skip-questions", "1"], str(one))):
+        args = _run_parser().parse_args(argv)
+        args.dataset, args.model = dataset, "unused"
+        with pytest.raises(SystemExit) as exc:
+            examples_and_model(args)
+        assert exc.value.code == 2
+
+
 SIGTERM_SCRIPT = """
 import argparse, os, signal, sys
 from ucm.eval.engine import run_store

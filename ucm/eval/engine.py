@@ -34,6 +34,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                  selections: Sequence[str] = (QUERY_SELECTION,)) -> None:
     """Options the main job and the benchmark share (their defaults differ)."""
     p.add_argument("--num-questions", type=int, default=num_questions)
+    p.add_argument("--skip-questions", type=int, default=0, metavar="N",
+                   help="start at question N of the data set (for generated sets: the questions a run of N + "
+                        "num-questions would end with, so later questions are held out from earlier runs)")
     p.add_argument("--passages", type=int, default=passages,
                    help=f"passages per generated question (default {passages})")
     p.add_argument("--passage-words", type=int, default=passage_words,
@@ -90,9 +93,14 @@ def examples_and_model(args) -> tuple[list, str]:
     """
     from ucm.eval.datasets import DatasetError, load_dataset
 
+    skip = getattr(args, "skip_questions", 0)
     try:
-        examples = load_dataset(args.dataset, limit=args.num_questions, num_examples=args.num_questions,
-                                passages_per_example=args.passages, passage_words=args.passage_words)
+        if skip < 0:
+            raise DatasetError(f"--skip-questions must be >= 0, got {skip}")
+        examples = load_dataset(args.dataset, limit=skip + args.num_questions, num_examples=skip + args.num_questions,
+                                passages_per_example=args.passages, passage_words=args.passage_words)[skip:]
+        if not examples:
+            raise DatasetError(f"--skip-questions {skip} leaves no question of the data set")
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -205,6 +205,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "kv_shift": args.kv_shift if getattr(args, "kv_shift", None) is not None else KV_SHIFT_DEFAULT,
             "chunk_start_tokens": {m.name: m.chunk_start_tokens for m in modes if m.chunk_start_tokens},
             "index_related": getattr(args, "index_related", 0),
+            "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
@@ -213,6 +214,8 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
         "summary": [s.to_dict() for s in summaries],
         "counters": counters,
         "questions": [{"question": r.question, "prompt_tokens": r.prompt_tokens, "index_s": r.index_s,
+                       # prompt tokens of each indexing request (a passage, after its context if any)
+                       "index_prompt_tokens": [rep.get("prompt_tokens") for rep in r.index_reports],
                        "measurements": [asdict(m) for m in r.measurements]} for r in results],
     }
     path = Path(path)

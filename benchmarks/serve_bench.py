@@ -172,8 +172,8 @@ def load_prompts(args, tokenizer):
     from ucm.eval.prompts import build_prompt, chunk_end_token_id
 
     path = None if args.generated or not DEFAULT_DATASET.is_file() else DEFAULT_DATASET
-    examples = load_dataset(path, limit=args.skip_questions + args.num_questions, num_examples=args.skip_questions
-                            + args.num_questions, passages_per_example=10, passage_words=450)[args.skip_questions:]
+    examples = load_dataset(path, limit=args.num_questions, skip=args.skip_questions, passages_per_example=10,
+                            passage_words=450)
     marker = chunk_end_token_id(tokenizer)
     index, reordered = [], []
     for ex in examples:

@@ -174,9 +174,16 @@ def _biography(rng: random.Random, name: str, facts: list[str], words: int) -> s
     return " ".join(text)
 
 
-def load_dataset(path: str | Path | None, limit: int | None = None, **synthetic_kwargs) -> list[QAExample]:
-    """A data set by path (format from the suffix and content), or the generated one for None."""
+def load_dataset(path: str | Path | None, limit: int | None = None, skip: int = 0,
+                 **synthetic_kwargs) -> list[QAExample]:
+    """Questions ``skip .. skip + limit`` of a data set by path (format from the suffix and
+    content), or of the generated one for None (``skip + limit`` generated unless ``num_examples``
+    says otherwise: the end of a longer run, so later questions are held out from earlier runs)."""
+    if skip < 0:
+        raise DatasetError(f"skip must be >= 0, got {skip}")
     if path is None:
+        if limit:
+            synthetic_kwargs.setdefault("num_examples", skip + limit)
         examples = generate_synthetic(**synthetic_kwargs)
     else:
         p = Path(path)
@@ -185,4 +192,7 @@ def load_dataset(path: str | Path | None, limit: int | None = None, **synthetic_
         examples = load_longbench_jsonl(p) if p.suffix == ".jsonl" else load_cacheblend_json(p)
         if not examples:
             raise DatasetError(f"data set {p} holds no examples")
-    return examples[:limit] if limit else examples
+    window = examples[skip:skip + limit] if limit else examples[skip:]
+    if not window:
+        raise DatasetError(f"skipping {skip} questions leaves none of the data set's {len(examples)}")
+    return window

@@ -93,14 +93,9 @@ def examples_and_model(args) -> tuple[list, str]:
     """
     from ucm.eval.datasets import DatasetError, load_dataset
 
-    skip = getattr(args, "skip_questions", 0)
     try:
-        if skip < 0:
-            raise DatasetError(f"--skip-questions must be >= 0, got {skip}")
-        examples = load_dataset(args.dataset, limit=skip + args.num_questions, num_examples=skip + args.num_questions,
-                                passages_per_example=args.passages, passage_words=args.passage_words)[skip:]
-        if not examples:
-            raise DatasetError(f"--skip-questions {skip} leaves no question of the data set")
+        examples = load_dataset(args.dataset, limit=args.num_questions, skip=getattr(args, "skip_questions", 0),
+                                passages_per_example=args.passages, passage_words=args.passage_words)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -319,16 +319,15 @@ class UcmNfsStore(KVStoreBase):
         """A dump past `dump_timeout_s`: not stored as far as the caller knows (blocks that were
         already stored count as stored); its IO is accounted when it returns."""
         task.timed_out = True
-        submitted = set(task.native_indices)
-        task.results = [i not in submitted and i not in task.context.over for i in range(len(task.keys))]
+        task.results = _stored_without_io(task)
         with self._lock:
             self._abandoned.append(task)
-            self._stats.dump_timeouts += len(submitted)
+            self._stats.dump_timeouts += len(task.native_indices)
         if not self._dump_timeout_logged:
             self._dump_timeout_logged = True
             logger.warning("store dump of %d blocks not done after dump_timeout_s=%g s (hung or overloaded "
                            "mount?); not waiting for it (they may not be stored, and are recomputed if so); "
-                           "further timeouts are only counted in stats().dump_timeouts", len(submitted),
+                           "further timeouts are only counted in stats().dump_timeouts", len(task.native_indices),
                            self.config.dump_timeout_s)
         return list(task.results)
 
@@ -391,11 +390,9 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None:
             kept = sum(file_size(ctx.sizes[i]) for i, st in zip(task.native_indices, statuses) if st == IoStatus.OK)
             self._limiter.release(ctx.reserved, kept)
-        submitted = set(task.native_indices)
-        # Not submitted: stored already when dumped, or over the capacity (not stored).
-        results = [i not in submitted and i not in ctx.over for i in range(len(task.keys))]
+        results = _stored_without_io(task)
         written = written_bytes = 0
-        skipped = len(task.keys) - len(submitted) - len(ctx.over)
+        skipped = len(task.keys) - len(task.native_indices) - len(ctx.over)
         for i, status, err in zip(task.native_indices, statuses, errnos):
             path = ctx.paths[i]
             if status in (IoStatus.OK, IoStatus.EXISTS):
@@ -470,6 +467,14 @@ class UcmNfsStore(KVStoreBase):
         if os.getpid() != self._pid:
             # A forked child inherits the engine without its threads: every wait would hang.
             raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
+
+
+
+def _stored_without_io(task: Task) -> list[bool]:
+    """Per key of a dump before its IO answers: True where it was stored already (not submitted),
+    False where it was over the capacity or is being written."""
+    submitted = set(task.native_indices)
+    return [i not in submitted and i not in task.context.over for i in range(len(task.keys))]
 
 
 class _Lookup:

@@ -307,7 +307,7 @@ def fifo_timeout(root: str) -> dict:
     ok = slow.wait(slow.load(keys, [np.zeros(4 << 20, np.uint8) for _ in keys]))
     timeout_s = time.perf_counter() - t0
     timeouts = slow.stats().load_timeouts
-    while slow.abandoned_loads:
+    while slow.abandoned("load"):
         time.sleep(0.05)
     slow.close()
     return {"fifo_loads_returned_s": None if fifo_s is None else round(fifo_s, 4), "fifo_results": results,

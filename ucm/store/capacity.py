@@ -54,6 +54,11 @@ class CapacityLimiter:
         shared = self._shared(lambda ledger: ledger.total())
         return self._used if shared is None else shared
 
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held for this process's dumps in flight (counted against the capacity)."""
+        return self._reserved
+
     def _shared(self, op):
         """`op(ledger)`'s result; None without a usable ledger."""
         if self._ledger is None or self._ledger_failed:

@@ -54,7 +54,6 @@ class UcmNfsStore(KVStoreBase):
         # Identity of every backend root: a lost mount or a deleted directory must not move the
         # store to whatever is at the same path now (the local disk, a fresh empty tree).
         self._roots = {backend: _prepare_backend(backend) for backend in self._layout.backends}
-        self._root_lost_logged = False
         self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]))
                          if cfg.capacity_bytes else None)
         self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
@@ -64,17 +63,13 @@ class UcmNfsStore(KVStoreBase):
         self._engine = _native.IoEngine(cfg.io_threads, cfg.io_direct, cfg.fsync, cfg.touch_interval_s, io_cpus)
         self._stats = StoreStats()
         self._lock = threading.Lock()
-        self._logged: set[tuple[str, int, int]] = set()
-        self._direct_fallback_logged = False
-        self._timeout_logged = False
-        self._dump_timeout_logged = False
+        self._logged: set[tuple] = set()  # warnings given once (see _warn_once)
         self._closed = False
         self._abandoned: list[Task] = []  # timed-out loads and dumps whose IO has not returned yet
         # Lookups run on one thread of their own when they may time out; a lookup past the
         # timeout stays there until its stats return, and every lookup meanwhile is all misses.
         self._lookup_jobs: queue.SimpleQueue[_Lookup | None] | None = None
         self._hung_lookup: _Lookup | None = None
-        self._lookup_timeout_logged = False
         self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
@@ -248,22 +243,23 @@ class UcmNfsStore(KVStoreBase):
         """Scan the directories now (usage + abandoned temp files); returns temp files removed."""
         return self._housekeeper.scan_once()
 
-    @property
-    def abandoned_loads(self) -> int:
-        """Timed-out loads whose IO has not returned yet (their buffers are still pinned)."""
+    def abandoned(self, kind: str) -> int:
+        """Timed-out tasks of `kind` ("load" or "dump") whose IO has not returned yet (their
+        buffers are still pinned)."""
+        if kind not in ("load", "dump"):
+            raise ValueError(f"kind must be 'load' or 'dump', got {kind!r}")
         self._reap_abandoned()
-        return sum(t.kind == "load" for t in self._abandoned)
-
-    @property
-    def abandoned_dumps(self) -> int:
-        """Timed-out dumps whose IO has not returned yet (their sources are still pinned)."""
-        self._reap_abandoned()
-        return sum(t.kind == "dump" for t in self._abandoned)
+        return sum(t.kind == kind for t in self._abandoned)
 
     @property
     def used_bytes(self) -> int | None:
         """Bytes of block files as this process believes them (None without a capacity limit)."""
         return None if self._limiter is None else self._limiter.used_bytes
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """Capacity held for this process's dumps in flight (None without a capacity limit)."""
+        return None if self._limiter is None else self._limiter.reserved_bytes
 
     # -- internals -----------------------------------------------------------------------
     def _exists(self, paths: list[str]) -> list[bool] | None:
@@ -289,12 +285,10 @@ class UcmNfsStore(KVStoreBase):
             return job.found
         with self._lock:
             self._hung_lookup = job
-        if not self._lookup_timeout_logged:
-            self._lookup_timeout_logged = True
-            logger.warning("store lookup of %d blocks not answered after lookup_timeout_s=%g s (hung or "
-                           "overloaded mount?); they, and every lookup until it returns, count as misses "
-                           "(computed in full); further timeouts are only counted in stats().lookup_timeouts",
-                           len(paths), timeout)
+        self._warn_once(("lookup timeout",), "store lookup of %d blocks not answered after lookup_timeout_s=%g s "
+                        "(hung or overloaded mount?); they, and every lookup until it returns, count as misses "
+                        "(computed in full); further timeouts are only counted in stats().lookup_timeouts",
+                        len(paths), timeout)
         return None
 
     def _abandon(self, task: Task) -> list[bool]:
@@ -308,11 +302,9 @@ class UcmNfsStore(KVStoreBase):
             self._stats.load_errors += timed_out
             self._stats.load_blocks += len(task.served_from_dram)
             self._stats.dram_hits += len(task.served_from_dram)
-        if not self._timeout_logged:
-            self._timeout_logged = True
-            logger.warning("store load of %d blocks not done after load_timeout_s=%g s (hung or overloaded "
-                           "mount?); they count as misses and are recomputed; further timeouts are only counted "
-                           "in stats().load_timeouts", timed_out, self.config.load_timeout_s)
+        self._warn_once(("load timeout",), "store load of %d blocks not done after load_timeout_s=%g s (hung or "
+                        "overloaded mount?); they count as misses and are recomputed; further timeouts are only "
+                        "counted in stats().load_timeouts", timed_out, self.config.load_timeout_s)
         return list(task.results)
 
     def _abandon_dump(self, task: Task) -> list[bool]:
@@ -323,12 +315,10 @@ class UcmNfsStore(KVStoreBase):
         with self._lock:
             self._abandoned.append(task)
             self._stats.dump_timeouts += len(task.native_indices)
-        if not self._dump_timeout_logged:
-            self._dump_timeout_logged = True
-            logger.warning("store dump of %d blocks not done after dump_timeout_s=%g s (hung or overloaded "
-                           "mount?); not waiting for it (they may not be stored, and are recomputed if so); "
-                           "further timeouts are only counted in stats().dump_timeouts", len(task.native_indices),
-                           self.config.dump_timeout_s)
+        self._warn_once(("dump timeout",), "store dump of %d blocks not done after dump_timeout_s=%g s (hung or "
+                        "overloaded mount?); not waiting for it (they may not be stored, and are recomputed if "
+                        "so); further timeouts are only counted in stats().dump_timeouts", len(task.native_indices),
+                        self.config.dump_timeout_s)
         return list(task.results)
 
     def _reap_abandoned(self) -> None:
@@ -428,22 +418,24 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None:
             self._limiter.forget(path, removed)
 
-    def _log_once(self, op: str, status: int, err: int, path: str) -> None:
-        """One warning per (operation, status, errno): a full disk must not flood the log."""
-        tag = (op, int(status), int(err))
+    def _warn_once(self, tag: tuple, msg: str, *args, level: int = logging.WARNING) -> None:
+        """Logs `msg` the first time `tag` is seen: a full disk or a hung mount must not flood the log."""
         if tag in self._logged:
             return
         self._logged.add(tag)
+        logger.log(level, msg, *args)
+
+    def _log_once(self, op: str, status: int, err: int, path: str) -> None:
+        """One warning per (operation, status, errno)."""
         reason = os.strerror(err) if err else IoStatus(status).name
-        logger.warning(
-            "%s failed for %s: %s (%s); further %s failures of this kind are only counted in stats()",
-            op, path, reason, errno_mod.errorcode.get(err, IoStatus(status).name), op,
-        )
+        self._warn_once((op, int(status), int(err)),
+                        "%s failed for %s: %s (%s); further %s failures of this kind are only counted in stats()",
+                        op, path, reason, errno_mod.errorcode.get(err, IoStatus(status).name), op)
 
     def _log_direct_fallback(self) -> None:
-        if self.config.io_direct and not self._direct_fallback_logged and _native.direct_io_fallbacks() > 0:
-            self._direct_fallback_logged = True
-            logger.warning("O_DIRECT refused by the filesystem under %s; using buffered IO", self._layout.backends)
+        if self.config.io_direct and _native.direct_io_fallbacks() > 0:
+            self._warn_once(("O_DIRECT",), "O_DIRECT refused by the filesystem under %s; using buffered IO",
+                            self._layout.backends)
 
     def _roots_intact(self) -> bool:
         """Every backend is still the directory opened: same device and inode, marker present."""
@@ -454,10 +446,9 @@ class UcmNfsStore(KVStoreBase):
             except OSError:
                 intact = False
             if not intact:
-                if not self._root_lost_logged:
-                    self._root_lost_logged = True
-                    logger.error("store root %s is gone or was replaced (unmounted, deleted or re-created); "
-                                 "refusing to write there: dumps fail and requests are recomputed", backend)
+                self._warn_once(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
+                                "re-created); refusing to write there: dumps fail and requests are recomputed",
+                                backend, level=logging.ERROR)
                 return False
         return True
 

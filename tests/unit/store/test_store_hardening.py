@@ -147,9 +147,9 @@ def test_load_past_its_timeout_is_a_miss_and_the_store_goes_on(tmp_path):
     assert store.wait(task) == [False] * 16 and task.timed_out
     assert store.stats().load_timeouts == 16 and store.stats().load_errors == 16
     deadline = time.monotonic() + 30
-    while store.abandoned_loads and time.monotonic() < deadline:
+    while store.abandoned("load") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert store.abandoned_loads == 0  # the IO returned: buffers released
+    assert store.abandoned("load") == 0  # the IO returned: buffers released
     store.close()
     patient = UcmNfsStore({"storage_backends": str(tmp_path)})
     assert patient.wait(patient.load(keys, dest)) == [True] * 16  # nothing was lost or damaged
@@ -172,13 +172,13 @@ def test_dump_past_its_timeout_is_not_waited_for_and_is_accounted_when_its_io_re
     assert store.wait(task) == [False] * 16 and task.timed_out
     assert store.stats().dump_timeouts == 16 and store.stats().dump_blocks == 0
     deadline = time.monotonic() + 30
-    while store.abandoned_dumps and time.monotonic() < deadline:
+    while store.abandoned("dump") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert store.abandoned_dumps == 0
+    assert store.abandoned("dump") == 0
     stats = store.stats()
     assert stats.dump_blocks == 16 and stats.dump_errors == 0  # written after all, and counted so
-    assert store._limiter._reserved == 0  # the reservation is settled
-    assert store._limiter.used_bytes == sum(os.path.getsize(store.block_path(k)) for k in keys)
+    assert store.reserved_bytes == 0  # the reservation is settled
+    assert store.used_bytes == sum(os.path.getsize(store.block_path(k)) for k in keys)
     dest = [np.zeros(4 << 20, dtype=np.uint8) for _ in keys]
     assert store.wait(store.load(keys, dest)) == [True] * 16
     assert all(int(d[0]) == i and int(d[-1]) == i for i, d in enumerate(dest))

@@ -288,6 +288,13 @@ def faults_table(data: dict) -> str:
          f"returned in {f['timeout_load_returned_s']} s, {f['timed_out_blocks']} blocks missed, "
          f"{f['timed_out_served']} served"),
     ]
+    if "ledger_lock" in data:  # runs before 2026-11-25 did not have it
+        g = data["ledger_lock"]
+        rows.append(("ledger lock", f"another process holds the capacity ledger's lock "
+                     f"(lookup_timeout_s {g['lookup_timeout_s']})",
+                     f"dumps returned in {', '.join(map(str, g['dump_returned_s']))} s, "
+                     f"**{g['written_while_held']} written**, {g['refused_blocks']} refused; "
+                     f"after: {g['stored_after']} stored, **{g['reservations_left']} bytes reserved**"))
     lines = ["| scenario | injected | outcome |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {o} |" for a, b, o in rows]
     return "\n".join(lines)

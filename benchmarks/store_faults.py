@@ -17,6 +17,9 @@ Scenarios (each on its own fresh directory):
                tree not recreated.
   fifo_timeout a FIFO at a block name, and a load that cannot finish within load_timeout_s.
                Figures: seconds until the loads return (bounded), loads counted as timeouts.
+  ledger_lock  another process holds the capacity ledger's lock (a writer stuck in a hung
+               mount). Figures: seconds until a dump returns (about lookup_timeout_s, then at
+               once), blocks written meanwhile (0), reservations left once it lets go (0).
 """
 
 from __future__ import annotations
@@ -315,6 +318,48 @@ def fifo_timeout(root: str) -> dict:
             "timed_out_served": sum(ok)}
 
 
+def _ledger_holder(path: str, locked, release) -> None:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    locked.set()
+    release.wait(120)
+
+
+def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
+    from ucm.store.usage_ledger import UsageLedger
+
+    store = UcmNfsStore({"storage_backends": root, "capacity_gb": 1, "lookup_timeout_s": timeout_s})
+    store.wait_open_scan(30)
+    keys = [key_of(43_000 + i) for i in range(8)]
+    blocks = [block_for(k, 64 << 10) for k in keys]
+    ctx = mp.get_context("spawn")
+    locked, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_ledger_holder, args=(os.path.join(root, ".ucm-usage"), locked, release))
+    holder.start()
+    locked.wait(30)
+    returned_s, refused = [], 0
+    for i in range(0, 8, 2):  # four dumps while the lock is held
+        t0 = time.perf_counter()
+        refused += store.wait(store.dump(keys[i:i + 2], blocks[i:i + 2], [1, 1])).count(False)
+        returned_s.append(round(time.perf_counter() - t0, 4))
+    written_while_held = len(blocks_on_disk(root))
+    ledger_timeouts = store.stats().ledger_timeouts
+    release.set()
+    holder.join()
+    t0 = time.perf_counter()
+    while not all(store.wait(store.dump(keys, blocks, [1] * 8))) and time.perf_counter() - t0 < 30:
+        time.sleep(0.05)
+    resumed_s = time.perf_counter() - t0
+    store.close()
+    usage = UsageLedger(root).update(lambda u: None)
+    return {"lookup_timeout_s": timeout_s, "dump_returned_s": returned_s, "refused_blocks": refused,
+            "ledger_timeouts": ledger_timeouts, "written_while_held": written_while_held,
+            "resumed_s": round(resumed_s, 3), "stored_after": len(blocks_on_disk(root)),
+            "reservations_left": int(sum(r[0] for r in usage.reserved.values()))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI scale: seconds, not minutes")
@@ -330,6 +375,7 @@ def main() -> None:
         "hot_blocks": lambda d: hot_blocks(d),
         "lost_root": lambda d: lost_root(d),
         "fifo_timeout": lambda d: fifo_timeout(d),
+        "ledger_lock": lambda d: ledger_lock(d),
     }
     report: dict = {"quick": q}
     with tempfile.TemporaryDirectory(prefix="ucm-faults-") as tmp:

@@ -50,6 +50,9 @@ class StoreStats:
     dump_over_capacity: int = 0  # blocks of a dump that did not fit under capacity_gb (not stored; in dump_errors)
     # keys answered as misses because the store's lookup passed its timeout (or one still had)
     lookup_timeouts: int = 0
+    # keys of dumps refused because the usage ledger (capacity_gb) did not answer within
+    # lookup_timeout_s (or an earlier call to it still had not): nothing written, in dump_errors
+    ledger_timeouts: int = 0
     quarantined: int = 0  # blocks whose read failed with an IO error: misses in this process for a while
 
     def count_lookup(self, found: Sequence[bool]) -> None:

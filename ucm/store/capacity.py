@@ -18,8 +18,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ucm.store.deadline import DeadlineThread
 from ucm.store.layout import ScannedFile
 from ucm.store.usage_ledger import UsageLedger
 
@@ -32,9 +33,31 @@ class _Entry:
     stamp: float  # wall-clock time of the last use we know of
 
 
+# What `_shared` answers while the ledger's lock does not come within the deadline (a hung mount).
+_HUNG = object()
+
+
+@dataclass
+class _Reservation:
+    """One `reserve` call. The caller may stop waiting for the ledger while its call is still
+    queued or running on the ledger's thread: `given_up` and `finished`, both under `lock`, decide
+    which side owns the outcome (the caller uses it, or the ledger's thread takes it back)."""
+
+    sizes: list[int]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    given_up: bool = False
+    finished: bool = False
+    evicted: int = 0
+    accepted: int = 0
+    taken: int = 0  # bytes reserved
+    overshoot: bool = False
+
+
 class CapacityLimiter:
     def __init__(self, capacity_bytes: int, ledger: UsageLedger | None = None,
-                 on_full: Callable[[], None] | None = None):
+                 on_full: Callable[[], None] | None = None, ledger_timeout_s: float = 0.0):
+        """`ledger_timeout_s` > 0: the ledger is used from a thread of its own and waited for at
+        most that long (its `fcntl` lock blocks in a hung mount); 0 waits for ever."""
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
@@ -44,6 +67,9 @@ class CapacityLimiter:
         self._lock = threading.Lock()
         self._ledger = ledger
         self._ledger_failed = False
+        self._ledger_timeout_s = ledger_timeout_s
+        self._ledger_calls = DeadlineThread("ucm-store-ledger") if ledger is not None and ledger_timeout_s else None
+        self._hung_logged = False
         # Called when the store is full of files this process does not know (other writers',
         # written since its last scan): the housekeeper rescans at once.
         self._on_full = on_full
@@ -52,19 +78,32 @@ class CapacityLimiter:
     def used_bytes(self) -> int:
         """The store's usage: the shared ledger's (every process), else this process's view."""
         shared = self._shared(lambda ledger: ledger.total())
-        return self._used if shared is None else shared
+        return self._used if shared is None or shared is _HUNG else shared
 
     @property
     def reserved_bytes(self) -> int:
         """Bytes held for this process's dumps in flight (counted against the capacity)."""
         return self._reserved
 
-    def _shared(self, op):
-        """`op(ledger)`'s result; None without a usable ledger."""
+    def _shared(self, op, queue_when_hung: bool = False):
+        """`op(ledger)`'s result; None without a usable ledger; `_HUNG` when the ledger did not
+        answer within `ledger_timeout_s` (the op still runs when it does; while an earlier op is
+        still blocked, it runs later only if `queue_when_hung`)."""
         if self._ledger is None or self._ledger_failed:
             return None
+        ledger = self._ledger
         try:
-            return op(self._ledger)
+            if self._ledger_calls is None:
+                return op(ledger)
+            call = self._ledger_calls.run(lambda: op(ledger), self._ledger_timeout_s, queue_when_hung)
+            if call is None:
+                if not self._hung_logged:
+                    self._hung_logged = True
+                    logger.warning("store usage ledger %s not answered within lookup_timeout_s=%g s (hung "
+                                   "mount?); dumps are refused while it does not answer (counted in stats().ledger_timeouts)",
+                                   ledger.path, self._ledger_timeout_s)
+                return _HUNG
+            return call.result()
         except OSError as e:
             self._ledger_failed = True
             logger.warning("store usage ledger %s unusable (%s); capacity is kept per process from now on",
@@ -73,7 +112,8 @@ class CapacityLimiter:
 
     def scan_mark(self) -> int | None:
         """Taken before a directory scan, passed to reset_from_scan (the ledger's commit clock)."""
-        return self._shared(lambda ledger: ledger.added())
+        mark = self._shared(lambda ledger: ledger.added())
+        return None if mark is _HUNG else mark
 
     def reset_from_scan(self, files: Iterable[ScannedFile], scan_started: float, mark: int | None = None) -> None:
         """Adopt a directory scan as the truth, keeping recency we know better than the mtimes
@@ -116,45 +156,83 @@ class CapacityLimiter:
             if old is not None:
                 self._used -= old.size
         if removed_bytes:
-            self._shared(lambda ledger: ledger.freed(removed_bytes))
+            self._shared(lambda ledger: ledger.freed(removed_bytes), queue_when_hung=True)
 
-    def reserve(self, sizes: list[int]) -> tuple[int, int]:
+    def reserve(self, sizes: list[int]) -> tuple[int, int, bool]:
         """Evict least recently used files until the blocks of `sizes` fit; returns (evictions,
-        n): the first n blocks fit and their bytes are reserved, the others must not be written
+        n, hung): the first n blocks fit and their bytes are reserved, the others must not be written
         (a batch larger than the room left, e.g. than the whole capacity, is cut, never let over).
 
         With a ledger the bytes are reserved there, so every process sees them. The caller must
         `release(reserved, kept)` once the writes are done, `kept` being the bytes actually
-        written (successful writes are then `add`ed with their real size).
+        written (successful writes are then `add`ed with their real size). A ledger that does not
+        answer within `ledger_timeout_s` fits nothing (hung: a hung mount gets no writes); if its
+        reservation is made after all, the ledger's thread takes it back.
         """
-        overshoot = False
-        with self._lock:
-            evicted = accepted = 0
-            incoming = sum(sizes)
+        r = _Reservation(list(sizes))
 
-            def make_room(total: int) -> tuple[int, int]:  # the shared usage, under the ledger's lock
-                nonlocal evicted, accepted
-                freed_total, evicted = self._evict(total + incoming - self.capacity_bytes)
-                room, taken = self.capacity_bytes - (total - freed_total), 0
-                for size in sizes:
-                    if taken + size > room:
-                        break
-                    taken += size
-                    accepted += 1
-                if not accepted and sizes and not self._files and not self._reserved:
-                    # Full of other writers' files this process has not scanned yet: one block
-                    # over the limit (per process, at most one in flight) instead of refusing
-                    # every dump until the next scan, which is asked for now and evicts it back.
-                    nonlocal overshoot
-                    overshoot, accepted, taken = True, 1, sizes[0]
-                return freed_total, taken
+        def make_room(total: int) -> tuple[int, int]:  # the shared usage, under the ledger's lock
+            with r.lock:
+                if r.given_up:
+                    return 0, 0
+            with self._lock:
+                return self._make_room(r, total)
 
-            if self._shared(lambda ledger: ledger.reserve(make_room)) is None:  # this process alone
-                make_room(self._used + self._reserved)
-            self._reserved += sum(sizes[:accepted])
-        if overshoot and self._on_full is not None:
+        def on_ledger(ledger: UsageLedger) -> int:
+            total = ledger.reserve(make_room)
+            with r.lock:
+                r.finished = True
+                orphaned = r.given_up and r.taken
+            if orphaned:
+                self._take_back(ledger, r.taken)
+            return total
+
+        shared = self._shared(on_ledger)
+        if shared is None:  # this process alone (or the ledger failed: start over without it)
+            with self._lock:
+                self._reserved -= r.taken
+                r.accepted = r.taken = 0
+                r.overshoot = False
+                self._make_room(r, self._used + self._reserved)
+        elif shared is _HUNG:
+            with r.lock:
+                if not r.finished:  # the ledger's thread owns whatever it reserves from now on
+                    r.given_up = True
+                    return 0, 0, True
+        if r.overshoot and self._on_full is not None:
             self._on_full()
-        return evicted, accepted
+        return r.evicted, r.accepted, False
+
+    def _make_room(self, r: _Reservation, total: int) -> tuple[int, int]:
+        """Under `_lock`: evicts for `r` against the usage `total`, decides what fits and reserves
+        it here; returns (bytes freed, bytes reserved)."""
+        incoming = sum(r.sizes)
+        freed_total, r.evicted = self._evict(total + incoming - self.capacity_bytes)
+        room, taken = self.capacity_bytes - (total - freed_total), 0
+        for size in r.sizes:
+            if taken + size > room:
+                break
+            taken += size
+            r.accepted += 1
+        if not r.accepted and r.sizes and not self._files and not self._reserved:
+            # Full of other writers' files this process has not scanned yet: one block
+            # over the limit (per process, at most one in flight) instead of refusing
+            # every dump until the next scan, which is asked for now and evicts it back.
+            r.overshoot, r.accepted, taken = True, 1, r.sizes[0]
+        r.taken = taken
+        self._reserved += taken
+        return freed_total, taken
+
+    def _take_back(self, ledger: UsageLedger, taken: int) -> None:
+        """A reservation whose caller stopped waiting: nothing will be written for it."""
+        with self._lock:
+            self._reserved -= taken
+        ledger.release(taken, 0)
+
+    def close(self) -> None:
+        """Ends the ledger's thread once the calls queued so far are done."""
+        if self._ledger_calls is not None:
+            self._ledger_calls.close()
 
     def set_on_full(self, callback: Callable[[], None]) -> None:
         self._on_full = callback
@@ -162,16 +240,17 @@ class CapacityLimiter:
     def trim(self) -> int:
         """Evicts known files while the shared usage is over the limit (an admitted overshoot,
         or writes this process learnt of by a scan); returns the evictions."""
-        with self._lock:
-            evicted = 0
+        evicted = 0
 
-            def make_room(total: int) -> tuple[int, int]:
-                nonlocal evicted
+        def make_room(total: int | None) -> tuple[int, int]:  # None: this process's own view
+            nonlocal evicted
+            with self._lock:
+                total = self._used + self._reserved if total is None else total
                 freed_total, evicted = self._evict(total - self.capacity_bytes)
-                return freed_total, 0
+            return freed_total, 0
 
-            if self._shared(lambda ledger: ledger.reserve(make_room)) is None:
-                make_room(self._used + self._reserved)
+        if self._shared(lambda ledger: ledger.reserve(make_room)) is None:
+            make_room(None)
         return evicted
 
     def over_capacity(self) -> bool:
@@ -181,7 +260,7 @@ class CapacityLimiter:
         with self._lock:
             self._reserved -= incoming
         if incoming:
-            self._shared(lambda ledger: ledger.release(incoming, kept))
+            self._shared(lambda ledger: ledger.release(incoming, kept), queue_when_hung=True)
 
     def _evict(self, excess: int) -> tuple[int, int]:
         """Evicts least recently used known files until `excess` bytes are freed or none is

@@ -16,7 +16,6 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
-import queue
 from typing import Any
 
 from ucm.cpus import other_cpus
@@ -24,6 +23,7 @@ from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byt
 from ucm.store.block_format import CORRUPT_STATUSES, IoStatus, file_size, read_header
 from ucm.store.capacity import CapacityLimiter
 from ucm.store.config import NfsStoreConfig
+from ucm.store.deadline import DeadlineThread
 from ucm.store.dram_store import DramStore
 from ucm.store.housekeeping import Housekeeper
 from ucm.store.layout import BlockLayout
@@ -54,7 +54,9 @@ class UcmNfsStore(KVStoreBase):
         # Identity of every backend root: a lost mount or a deleted directory must not move the
         # store to whatever is at the same path now (the local disk, a fresh empty tree).
         self._roots = {backend: _prepare_backend(backend) for backend in self._layout.backends}
-        self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]))
+        # The ledger's lock is a metadata call like a lookup: it gets the lookups' deadline.
+        self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]),
+                                         ledger_timeout_s=cfg.lookup_timeout_s)
                          if cfg.capacity_bytes else None)
         self._dram = DramStore(cfg.dram_capacity_bytes) if cfg.dram_capacity_bytes > 0 else None
         # Created from vLLM's bound worker thread, the IO threads would share its one core.
@@ -68,8 +70,7 @@ class UcmNfsStore(KVStoreBase):
         self._abandoned: list[Task] = []  # timed-out loads and dumps whose IO has not returned yet
         # Lookups run on one thread of their own when they may time out; a lookup past the
         # timeout stays there until its stats return, and every lookup meanwhile is all misses.
-        self._lookup_jobs: queue.SimpleQueue[_Lookup | None] | None = None
-        self._hung_lookup: _Lookup | None = None
+        self._lookups = DeadlineThread("ucm-store-lookup")
         self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
@@ -153,7 +154,16 @@ class UcmNfsStore(KVStoreBase):
         over: list[int] = []
         sizes = [file_size(len(views[i])) for i in new]
         if self._limiter is not None and new:
-            evicted, fit = self._limiter.reserve(sizes)
+            evicted, fit, hung = self._limiter.reserve(sizes)
+            if hung:  # the usage ledger's lock did not come: a hung mount gets no writes
+                task.results = [bool(p) for p in present]  # stored already, or not at all
+                task.timed_out = True
+                with self._lock:
+                    self._stats.dump_errors += len(new)
+                    self._stats.ledger_timeouts += len(new)
+                    self._stats.dump_blocks += len(keys) - len(new)
+                    self._stats.dump_skipped += len(keys) - len(new)
+                return task
             new, over, sizes = new[:fit], new[fit:], sizes[:fit]
             task.native_indices = new
             with self._lock:
@@ -204,10 +214,11 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None and self._limiter.over_capacity():  # an overshoot not evicted yet
             self._housekeeper.scan_once()
         self._housekeeper.stop()
-        if self._lookup_jobs is not None:  # the lookup thread ends after its current stats
-            self._lookup_jobs.put(None)
+        if self._limiter is not None:
+            self._limiter.close()
+        self._lookups.close()  # the lookup thread ends after its current stats
         self._reap_abandoned()
-        hung_lookup = self._hung_lookup is not None and not self._hung_lookup.done.is_set()
+        hung_lookup = self._lookups.hung
         if self._abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
             logger.warning("%d timed-out store loads or dumps%s still blocked in IO; leaving their threads",
                            len(self._abandoned), " and a lookup are" if hung_lookup else " are")
@@ -268,23 +279,9 @@ class UcmNfsStore(KVStoreBase):
         timeout = self.config.lookup_timeout_s
         if not paths or not timeout:
             return self._engine.exists(paths)
-        with self._lock:
-            if self._hung_lookup is not None:
-                if not self._hung_lookup.done.is_set():
-                    return None
-                self._hung_lookup = None
-                logger.warning("store lookups answer again: the lookup past lookup_timeout_s returned")
-            if self._lookup_jobs is None:
-                # A daemon thread: one blocked in a hung mount must not keep the process from exiting.
-                self._lookup_jobs = queue.SimpleQueue()
-                threading.Thread(target=_serve_lookups, args=(self._engine, self._lookup_jobs),
-                                 name="ucm-store-lookup", daemon=True).start()
-            job = _Lookup(paths)
-            self._lookup_jobs.put(job)
-        if job.done.wait(timeout):
-            return job.found
-        with self._lock:
-            self._hung_lookup = job
+        call = self._lookups.run(lambda: self._engine.exists(paths), timeout)
+        if call is not None:
+            return call.result()
         self._warn_once(("lookup timeout",), "store lookup of %d blocks not answered after lookup_timeout_s=%g s "
                         "(hung or overloaded mount?); they, and every lookup until it returns, count as misses "
                         "(computed in full); further timeouts are only counted in stats().lookup_timeouts",
@@ -466,27 +463,6 @@ def _stored_without_io(task: Task) -> list[bool]:
     False where it was over the capacity or is being written."""
     submitted = set(task.native_indices)
     return [i not in submitted and i not in task.context.over for i in range(len(task.keys))]
-
-
-class _Lookup:
-    """One lookup handed to the lookup thread; `found` is set before `done`."""
-
-    __slots__ = ("paths", "found", "done")
-
-    def __init__(self, paths: list[str]):
-        self.paths = paths
-        self.found: list[bool] = []
-        self.done = threading.Event()
-
-
-def _serve_lookups(engine: Any, jobs: queue.SimpleQueue) -> None:
-    while (job := jobs.get()) is not None:
-        try:
-            job.found = engine.exists(job.paths)
-        except Exception:  # pragma: no cover - exists() reports per path, never raises
-            logger.exception("store lookup failed; answered as misses")
-            job.found = [False] * len(job.paths)
-        job.done.set()
 
 
 class _LoadContext:

@@ -167,6 +167,7 @@ def test_dump_past_its_timeout_is_not_waited_for_and_is_accounted_when_its_io_re
     blocks = [np.full(4 << 20, i, dtype=np.uint8) for i in range(16)]
     store = UcmNfsStore({"storage_backends": str(tmp_path), "io_threads": 1, "dump_timeout_s": 0.001,
                          "capacity_gb": 1})
+    assert store.wait_open_scan(30)  # a scan that sees blocks as they are released counts them twice
     task = store.dump(keys, blocks, [1] * 16)
     del blocks  # the store pins the sources until the IO returns
     assert store.wait(task) == [False] * 16 and task.timed_out
@@ -258,3 +259,93 @@ def test_lookups_without_a_timeout_run_in_the_calling_thread(make_store):
     assert store.lookup([key, key_of(3)]) == [True, False]
     assert "ucm-store-lookup" not in {t.name for t in threading.enumerate()} - before
     assert store.stats().lookup_timeouts == 0
+
+
+def _hold_ledger_lock(directory):
+    """Another process holding the usage ledger's lock and never letting go: what a writer stuck
+    in a hung mount (or the hung mount itself) looks like to the store."""
+    import subprocess
+    import sys
+
+    code = ("import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+            "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, os.path.join(str(directory), ".ucm-usage")],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _ledger(directory):
+    from ucm.store.usage_ledger import UsageLedger
+
+    return UsageLedger(str(directory)).update(lambda u: None)
+
+
+def test_a_hung_usage_ledger_refuses_dumps_within_the_lookup_timeout_and_nothing_leaks(tmp_path):
+    """With capacity_gb every dump first reserves its bytes under the ledger's fcntl lock. While
+    that lock does not come (a hung mount), a dump is refused after lookup_timeout_s, the next
+    ones at once, and nothing is written; once it answers, dumps work again and the refused
+    dumps left no reservation in the ledger."""
+    from ucm.store import UcmNfsStore
+
+    store = UcmNfsStore({"storage_backends": str(tmp_path), "capacity_gb": 1, "lookup_timeout_s": 0.2})
+    assert store.wait_open_scan(30)
+    keys = [key_of(i) for i in range(4)]
+    blocks = [block_for(k, BLOCK) for k in keys]
+    holder = _hold_ledger_lock(tmp_path)
+    try:
+        t0 = time.monotonic()
+        task = store.dump(keys, blocks, [1] * 4)
+        first_s = time.monotonic() - t0
+        assert store.wait(task) == [False] * 4 and task.timed_out
+        t0 = time.monotonic()
+        again = store.dump(keys, blocks, [1] * 4)
+        again_s = time.monotonic() - t0
+        assert store.wait(again) == [False] * 4 and again.timed_out
+    finally:
+        holder.kill()
+        holder.wait()
+    assert 0.15 < first_s < 2.0, first_s  # waited for the lock about lookup_timeout_s, not for ever
+    assert again_s < 0.1, again_s  # a hung ledger is not waited for again
+    stats = store.stats()
+    assert stats.ledger_timeouts == 8 and stats.dump_errors == 8 and stats.dump_blocks == 0
+    assert files_under(str(tmp_path)) == []  # nothing written, not even a temp file
+    deadline = time.monotonic() + 10
+    while not all(store.wait(store.dump(keys, blocks, [1] * 4))) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the blocked ledger call returns once the lock is free
+    assert store.lookup(keys) == [True] * 4
+    usage = _ledger(tmp_path)
+    assert usage.reserved == {} and store.reserved_bytes == 0  # the refused dumps reserved nothing
+    assert usage.committed == sum(os.path.getsize(store.block_path(k)) for k in keys)
+    store.close()
+
+
+def test_a_dump_finishing_while_the_ledger_hangs_is_not_held_up_and_is_accounted_later(tmp_path):
+    """The ledger learns what a dump kept when its IO is waited for; a hung ledger must not hold
+    that wait up. The update is queued and applied when the ledger answers."""
+    from ucm.store import UcmNfsStore
+
+    store = UcmNfsStore({"storage_backends": str(tmp_path), "capacity_gb": 1, "lookup_timeout_s": 0.2})
+    assert store.wait_open_scan(30)
+    keys = [key_of(i) for i in range(4)]
+    task = store.dump(keys, [block_for(k, BLOCK) for k in keys], [1] * 4)
+    while not store.check(task):
+        time.sleep(0.01)
+    holder = _hold_ledger_lock(tmp_path)
+    try:
+        t0 = time.monotonic()
+        assert store.wait(task) == [True] * 4
+        assert time.monotonic() - t0 < 2.0
+        assert store.reserved_bytes == 0  # this process's view is settled at once
+    finally:
+        holder.kill()
+        holder.wait()
+    size = sum(os.path.getsize(store.block_path(k)) for k in keys)
+    deadline = time.monotonic() + 10
+    while (usage := _ledger(tmp_path)).reserved and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert usage.reserved == {} and usage.committed == size
+    store.close()

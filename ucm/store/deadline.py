@@ -44,6 +44,7 @@ class DeadlineThread:
         self.name = name
         self._jobs: queue.SimpleQueue[Call | None] | None = None
         self._hung: Call | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     @property
@@ -60,16 +61,21 @@ class DeadlineThread:
         with self._lock:
             if self._hung is not None:
                 if not self._hung.done.is_set():
-                    if queue_when_hung:
+                    if queue_when_hung and not self._closed:
                         self._jobs.put(call)
                     return None
                 self._hung = None
                 logger.warning("%s answers again: the call past its deadline returned", self.name)
-            if self._jobs is None:
-                # A daemon thread: one blocked in a hung mount must not keep the process from exiting.
-                self._jobs = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(self._jobs,), name=self.name, daemon=True).start()
-            self._jobs.put(call)
+            closed = self._closed
+            if not closed:
+                if self._jobs is None:
+                    # A daemon thread: one blocked in a hung mount must not keep the process from exiting.
+                    self._jobs = queue.SimpleQueue()
+                    threading.Thread(target=_serve, args=(self._jobs,), name=self.name, daemon=True).start()
+                self._jobs.put(call)
+        if closed:  # no thread any more: the caller's own, without a deadline
+            _serve_one(call)
+            return call
         if call.done.wait(timeout_s):
             return call
         with self._lock:
@@ -78,17 +84,22 @@ class DeadlineThread:
         return None
 
     def close(self) -> None:
-        """The thread ends after the calls queued so far (at once when none blocks)."""
+        """The thread ends after the calls queued so far (at once when none blocks); later calls
+        run in the caller, without a deadline, or not at all while one is still blocked."""
         with self._lock:
+            self._closed = True
             if self._jobs is not None:
                 self._jobs.put(None)
-                self._jobs = None
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
     while (call := jobs.get()) is not None:
-        try:
-            call.value = call.fn()
-        except BaseException as e:  # re-raised in the caller by result()
-            call.error = e
-        call.done.set()
+        _serve_one(call)
+
+
+def _serve_one(call: Call) -> None:
+    try:
+        call.value = call.fn()
+    except BaseException as e:  # re-raised in the caller by result()
+        call.error = e
+    call.done.set()

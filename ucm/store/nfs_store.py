@@ -214,10 +214,10 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None and self._limiter.over_capacity():  # an overshoot not evicted yet
             self._housekeeper.scan_once()
         self._housekeeper.stop()
-        if self._limiter is not None:
-            self._limiter.close()
         self._lookups.close()  # the lookup thread ends after its current stats
         self._reap_abandoned()
+        if self._limiter is not None:  # after the reaped dumps' ledger updates
+            self._limiter.close()
         hung_lookup = self._lookups.hung
         if self._abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
             logger.warning("%d timed-out store loads or dumps%s still blocked in IO; leaving their threads",

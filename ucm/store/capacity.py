@@ -64,7 +64,11 @@ class CapacityLimiter:
         self._files: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._used = 0  # bytes of the files this process knows
         self._reserved = 0  # bytes of this process's dumps in flight
+        # `_lock` guards the bookkeeping and is never held across a file-system call, so a mount
+        # that hangs in an eviction's unlink does not block loads and dumps finishing (touch,
+        # add); `_evicting` serialises whole evictions and reservations of this process.
         self._lock = threading.Lock()
+        self._evicting = threading.Lock()
         self._ledger = ledger
         self._ledger_failed = False
         self._ledger_timeout_s = ledger_timeout_s
@@ -175,7 +179,7 @@ class CapacityLimiter:
             with r.lock:
                 if r.given_up:
                     return 0, 0
-            with self._lock:
+            with self._evicting:
                 return self._make_room(r, total)
 
         def on_ledger(ledger: UsageLedger) -> int:
@@ -189,11 +193,13 @@ class CapacityLimiter:
 
         shared = self._shared(on_ledger)
         if shared is None:  # this process alone (or the ledger failed: start over without it)
-            with self._lock:
-                self._reserved -= r.taken
-                r.accepted = r.taken = 0
-                r.overshoot = False
-                self._make_room(r, self._used + self._reserved)
+            with self._evicting:
+                with self._lock:
+                    self._reserved -= r.taken
+                    r.accepted = r.taken = 0
+                    r.overshoot = False
+                    total = self._used + self._reserved
+                self._make_room(r, total)
         elif shared is _HUNG:
             with r.lock:
                 if not r.finished:  # the ledger's thread owns whatever it reserves from now on
@@ -204,8 +210,8 @@ class CapacityLimiter:
         return r.evicted, r.accepted, False
 
     def _make_room(self, r: _Reservation, total: int) -> tuple[int, int]:
-        """Under `_lock`: evicts for `r` against the usage `total`, decides what fits and reserves
-        it here; returns (bytes freed, bytes reserved)."""
+        """Under `_evicting`: evicts for `r` against the usage `total`, decides what fits and
+        reserves it here; returns (bytes freed, bytes reserved)."""
         incoming = sum(r.sizes)
         freed_total, r.evicted = self._evict(total + incoming - self.capacity_bytes)
         room, taken = self.capacity_bytes - (total - freed_total), 0
@@ -214,13 +220,14 @@ class CapacityLimiter:
                 break
             taken += size
             r.accepted += 1
-        if not r.accepted and r.sizes and not self._files and not self._reserved:
-            # Full of other writers' files this process has not scanned yet: one block
-            # over the limit (per process, at most one in flight) instead of refusing
-            # every dump until the next scan, which is asked for now and evicts it back.
-            r.overshoot, r.accepted, taken = True, 1, r.sizes[0]
-        r.taken = taken
-        self._reserved += taken
+        with self._lock:
+            if not r.accepted and r.sizes and not self._files and not self._reserved:
+                # Full of other writers' files this process has not scanned yet: one block
+                # over the limit (per process, at most one in flight) instead of refusing
+                # every dump until the next scan, which is asked for now and evicts it back.
+                r.overshoot, r.accepted, taken = True, 1, r.sizes[0]
+            r.taken = taken
+            self._reserved += taken
         return freed_total, taken
 
     def _take_back(self, ledger: UsageLedger, taken: int) -> None:
@@ -244,8 +251,10 @@ class CapacityLimiter:
 
         def make_room(total: int | None) -> tuple[int, int]:  # None: this process's own view
             nonlocal evicted
-            with self._lock:
-                total = self._used + self._reserved if total is None else total
+            with self._evicting:
+                if total is None:
+                    with self._lock:
+                        total = self._used + self._reserved
                 freed_total, evicted = self._evict(total - self.capacity_bytes)
             return freed_total, 0
 
@@ -264,19 +273,24 @@ class CapacityLimiter:
 
     def _evict(self, excess: int) -> tuple[int, int]:
         """Evicts least recently used known files until `excess` bytes are freed or none is
-        left; returns (bytes freed, evictions)."""
+        left; returns (bytes freed, evictions). Under `_evicting`, not `_lock`."""
         freed_total = evictions = 0
-        while self._files and freed_total < excess:
-            freed = self._evict_oldest()
+        while freed_total < excess:
+            with self._lock:
+                if not self._files:
+                    break
+                path, entry = next(iter(self._files.items()))
+                stamp, size = entry.stamp, entry.size
+            freed = self._evict_file(path, stamp, size)
             if freed is not None:
                 freed_total += freed
                 evictions += 1
         return freed_total, evictions
 
-    def _evict_oldest(self) -> int | None:
-        """Unlink the least recently used file unless someone used it since we last looked;
-        returns the bytes freed (None: nothing freed, the candidate moved or vanished)."""
-        path, entry = next(iter(self._files.items()))
+    def _evict_file(self, path: str, stamp: float, size: int) -> int | None:
+        """Unlink the least recently used file `path` unless someone used it since we last
+        looked (`stamp`); returns the bytes freed (None: nothing freed, the candidate moved or
+        vanished). The file-system calls run outside `_lock`."""
         try:
             mtime = os.stat(path).st_mtime
         except FileNotFoundError:
@@ -286,14 +300,18 @@ class CapacityLimiter:
             logger.warning("cannot stat %s for eviction: %s", path, e)
             self._drop(path)
             return None
-        if mtime > entry.stamp:  # another process used it since we last looked
-            entry.stamp = mtime
-            self._files.move_to_end(path)
-            return None
+        with self._lock:
+            entry = self._files.get(path)
+            if entry is None or entry.stamp != stamp:  # gone, or used here, while we looked
+                return None
+            if mtime > stamp:  # another process used it since we last looked
+                entry.stamp = mtime
+                self._files.move_to_end(path)
+                return None
         freed = None
         try:
             os.unlink(path)
-            freed = entry.size
+            freed = size
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -302,5 +320,7 @@ class CapacityLimiter:
         return freed
 
     def _drop(self, path: str) -> None:
-        entry = self._files.pop(path)
-        self._used -= entry.size
+        with self._lock:
+            entry = self._files.pop(path, None)
+            if entry is not None:
+                self._used -= entry.size

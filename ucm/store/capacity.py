@@ -73,7 +73,6 @@ class CapacityLimiter:
         self._ledger_failed = False
         self._ledger_timeout_s = ledger_timeout_s
         self._ledger_calls = DeadlineThread("ucm-store-ledger") if ledger is not None and ledger_timeout_s else None
-        self._hung_logged = False
         # Called when the store is full of files this process does not know (other writers',
         # written since its last scan): the housekeeper rescans at once.
         self._on_full = on_full
@@ -100,12 +99,7 @@ class CapacityLimiter:
             if self._ledger_calls is None:
                 return op(ledger)
             call = self._ledger_calls.run(lambda: op(ledger), self._ledger_timeout_s, queue_when_hung)
-            if call is None:
-                if not self._hung_logged:
-                    self._hung_logged = True
-                    logger.warning("store usage ledger %s not answered within lookup_timeout_s=%g s (hung "
-                                   "mount?); dumps are refused while it does not answer (counted in stats().ledger_timeouts)",
-                                   ledger.path, self._ledger_timeout_s)
+            if call is None:  # the store warns, once, when it refuses a dump for it
                 return _HUNG
             return call.result()
         except OSError as e:

@@ -163,6 +163,10 @@ class UcmNfsStore(KVStoreBase):
                     self._stats.ledger_timeouts += len(new)
                     self._stats.dump_blocks += len(keys) - len(new)
                     self._stats.dump_skipped += len(keys) - len(new)
+                self._warn_once(("ledger timeout",), "store usage ledger not answered within lookup_timeout_s=%g s "
+                                "(hung mount?): dump of %d blocks refused, and every dump until it answers; "
+                                "further refusals are only counted in stats().ledger_timeouts",
+                                self.config.lookup_timeout_s, len(new))
                 return task
             new, over, sizes = new[:fit], new[fit:], sizes[:fit]
             task.native_indices = new
@@ -455,7 +459,6 @@ class UcmNfsStore(KVStoreBase):
         if os.getpid() != self._pid:
             # A forked child inherits the engine without its threads: every wait would hang.
             raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
-
 
 
 def _stored_without_io(task: Task) -> list[bool]:

@@ -27,22 +27,19 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from _serving import (DTYPE, REPO, blend_config, counters, free_port, load_examples, percentile, start_server,
+                      stop_server, wait_healthy)
 from ucm.config import KV_SHIFT_DEFAULT
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
 RATIO = 0.15
-DTYPE = "float32"  # the server's --dtype, recorded in the JSON
 TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 
 
@@ -59,49 +56,6 @@ def parse_args(argv=None):
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--table", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     return p.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str, store: str, port: int, extra: list[str], log) -> subprocess.Popen:
-    ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
-        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": store}}],
-        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
-                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": RATIO,
-                                                                                         "kv_shift": KV_SHIFT_DEFAULT}},
-                                        # what this benchmark's clients set per request (the operator's call)
-                                        "request_params": ["ucm_chunk_lengths", "ucm_disable_blend"]}}}}
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
-    cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
-           str(port), "--dtype", DTYPE, "--enforce-eager",
-           "--kv-transfer-config", json.dumps(ktc), *extra]
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start; see its log")
-            time.sleep(1)
-
-
-def counters(url: str) -> dict[str, float]:
-    """The connector's counters from /metrics (vllm:ucm_<name>_total), summed over engines."""
-    out: dict[str, float] = {}
-    for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines():
-        if line.startswith("vllm:ucm_") and "_total" in line:
-            name = line.split("{")[0].split(" ")[0][len("vllm:ucm_"):].removesuffix("_total")
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 async def one_request(client, model, prompt, salt, blend: bool, max_tokens: int) -> dict:
@@ -138,13 +92,6 @@ async def run_phase(client, model, prompts, concurrency: int, tag: str, blend: b
     return {"wall_s": time.perf_counter() - start, "requests": results}
 
 
-def percentile(values, q):
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
 def summarize(phase: dict, prompt_tokens: int, before: dict, after: dict) -> dict:
     ttfts = [r["ttft"] for r in phase["requests"]]
     delta = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
@@ -168,12 +115,9 @@ def load_prompts(args, tokenizer):
     text); the measured prompts state their chunks (system message, passages), so the question is
     the suffix every request computes, as a user's new question would be.
     """
-    from ucm.eval.datasets import load_dataset
     from ucm.eval.prompts import build_prompt, chunk_end_token_id
 
-    path = None if args.generated or not DEFAULT_DATASET.is_file() else DEFAULT_DATASET
-    examples = load_dataset(path, limit=args.num_questions, skip=args.skip_questions, passages_per_example=10,
-                            passage_words=450)
+    dataset, examples = load_examples(args.generated, args.num_questions, args.skip_questions)
     marker = chunk_end_token_id(tokenizer)
     index, reordered = [], []
     for ex in examples:
@@ -185,7 +129,7 @@ def load_prompts(args, tokenizer):
             start += n
         rev = build_prompt(tokenizer, ex, marker, order=order[::-1])
         reordered.append((rev.token_ids, list(rev.chunk_lengths)))
-    return ("MuSiQue" if path else "generated"), index, reordered
+    return dataset, index, reordered
 
 
 def plot(results: dict, png: Path) -> None:
@@ -232,7 +176,8 @@ def main(argv=None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(out.with_suffix(".server.log"), "w")
-    proc = start_server(model, store, port, args.serve_args.split(), log)
+    ktc = blend_config(store, RATIO, ["ucm_chunk_lengths", "ucm_disable_blend"])
+    proc = start_server(model, port, args.serve_args.split(), log, ktc)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     try:
         wait_healthy(url, proc)
@@ -241,11 +186,7 @@ def main(argv=None) -> int:
         if not args.no_plot:
             plot(results, out.with_suffix(".png"))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_server(proc)
         log.close()
         subprocess.run(["rm", "-rf", store], check=False)
     return 0

@@ -72,6 +72,9 @@ EXACT_PREFIX_PARAM = "ucm_exact_prefix"
 CHUNK_STORE_POLICIES = ("any", "alone")
 CHUNK_START_TOKENS_PARAM = "ucm_chunk_start_tokens"  # tokens per loaded chunk recomputed before any ranking
 KV_SHIFT_DEFAULT = 0.5  # compute_meta kv_shift when absent: half the chunk mean (docs/research.md, "A share of the mean")
+# ucm_sparse_config.Blend.min_hit_share when absent: a request blends only when at least this share of
+# its tokens after the exact prefix has chunk KV stored (fewer hits: vLLM computes it as usual).
+MIN_HIT_SHARE_DEFAULT = 0.25
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
                   CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM)
@@ -213,6 +216,11 @@ class BlendConfig:
     # None: from the offline API only.
     allow_oracle: bool | None = None
     chunk_store: str = "any"  # one of CHUNK_STORE_POLICIES
+    # Blend runs only when at least this share of the tokens after the exact prefix has chunk KV in
+    # the store; below it the request is left to vLLM's own prefill (chunked, within its budget),
+    # reported as fallback "few_hits": with few hits the probe, the loads and one long step of
+    # misses cost more than the reuse saves (docs/serving.md).
+    min_hit_share: float = MIN_HIT_SHARE_DEFAULT
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.
@@ -225,7 +233,7 @@ class BlendConfig:
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
         _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
-                          "chunk_store"}, path)
+                          "chunk_store", "min_hit_share"}, path)
         chunk_store = d.get("chunk_store", "any")
         if chunk_store not in CHUNK_STORE_POLICIES:
             raise UCMConfigError(f"{path}.chunk_store must be one of {', '.join(map(repr, CHUNK_STORE_POLICIES))}, "
@@ -239,6 +247,9 @@ class BlendConfig:
         allow_oracle = d.get("allow_oracle")
         if allow_oracle is not None and not isinstance(allow_oracle, bool):
             raise UCMConfigError(f"{path}.allow_oracle must be true or false (or absent), got {allow_oracle!r}")
+        min_hit_share = d.get("min_hit_share", MIN_HIT_SHARE_DEFAULT)
+        if not is_ratio(min_hit_share):
+            raise UCMConfigError(f"{path}.min_hit_share must be a number in [0, 1], got {min_hit_share!r}")
         cap = d.get("max_step_tokens")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise UCMConfigError(f"{path}.max_step_tokens must be a positive int (or absent), got {cap!r} "
@@ -299,6 +310,7 @@ class BlendConfig:
             request_params=request_params,
             allow_oracle=allow_oracle,
             chunk_store=chunk_store,
+            min_hit_share=float(min_hit_share),
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

@@ -263,6 +263,8 @@ ERROR_CASES = [
     (_set(RATIO, "0.2"), f"{RATIO_PATH} must be a number in [0, 1], got '0.2'"),
     (_set(RATIO, True), f"{RATIO_PATH} must be a number in [0, 1], got True"),
     (_set(RATIO, float("nan")), f"{RATIO_PATH} must be a number in [0, 1], got nan"),
+    (_set((*BLEND, "min_hit_share"), 1.2), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 1.2"),
+    (_set((*BLEND, "min_hit_share"), "x"), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 'x'"),
     (
         _set((*META, LAYER, "selection"), "attention"),
         f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', 'key_l1', 'key_l2', 'chunk_start', got 'attention'",

@@ -31,3 +31,21 @@ def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> StoreKey:
     h.update(kind.value)
     h.update(block_hash)
     return StoreKey(h.digest())
+
+
+def shard_key(key: StoreKey, shard: int, num_shards: int) -> StoreKey:
+    """The key of one shard of a block split over `num_shards` writers (tensor-parallel ranks).
+
+    Each rank holds only its own heads, so a block is stored as one file per rank; a reader with
+    another shard count finds none of them. One shard is the block itself (unchanged key).
+    """
+    if num_shards == 1:
+        return key
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} is not in [0, {num_shards})")
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    h.update(key)
+    h.update(b"shard")
+    h.update(shard.to_bytes(4, "little"))
+    h.update(num_shards.to_bytes(4, "little"))
+    return StoreKey(h.digest())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import dataclasses
+import time
 import numpy as np
 import pytest
 
@@ -179,7 +180,7 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
     for path in (tmp_path / "store").rglob("*"):
         if path.is_file():
             path.unlink()
-    side._inflight.clear()
+    side._pending.clear()
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
     assert side.stats.data["blend_fallbacks_preempted"] == 1
     meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
@@ -361,3 +362,90 @@ def _blended_with(tmp_path, monkeypatch, knobs, **blend):
 def test_kv_shift_per_request(tmp_path, monkeypatch, knobs, configured, expected):
     region, report = _blended_with(tmp_path, monkeypatch, knobs, kv_shift=configured)
     assert region.kv_shift == expected and report["kv_shift"] == expected
+
+
+def _store_shards(side, tokens, shards):
+    """Store each chunk block of `tokens` for the given tensor-parallel ranks only."""
+    from ucm.store.keys import shard_key
+
+    plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
+    keys = [shard_key(side.key(KeyKind.CHUNK, b.block_hash), r, side.num_shards) for b in plan.blocks for r in shards]
+    sizes = [len(b.tokens) for b in plan.blocks for _ in shards]
+    assert all(side.store.wait(side.store.dump(keys, [np.zeros(64 * n, dtype=np.uint8) for n in sizes], sizes)))
+    return plan
+
+
+def test_a_dump_counts_as_stored_only_once_the_workers_confirm_it(tmp_path):
+    """Submitted dumps are misses until confirmed: a request needing them waits (a short while),
+    then loads them; a dump a worker could not write is never served."""
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    a = request(side, "a", tokens)
+    assert side.get_num_new_matched_tokens(a, 0) == (0, False)  # nothing stored: computed in full
+    meta, _ = step(side, [admit(side, a, 0)], {"a": len(tokens)})
+    dumps = [d for r in meta.requests for d in r.dumps]
+    assert dumps and all(d.key in side._pending for d in dumps)
+    b = request(side, "b", tokens)
+    assert side.get_num_new_matched_tokens(b, 0) == (None, False)  # its blocks are being written: wait
+    assert side.stats.data["dump_waits"] == 1
+    side.take_report(UCMWorkerReport(not_stored={dumps[0].key}))
+    side.take_report(UCMWorkerReport(stored={d.key: 1 for d in dumps[1:]}))
+    assert not side._pending
+    # The worker's report says the first was not stored: a miss, however long it waits.
+    assert side.get_num_new_matched_tokens(b, 0) == (0, False)
+
+
+def test_tensor_parallel_blocks_are_found_only_with_every_ranks_shard(tmp_path):
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path)
+    side.num_shards = 2
+    tokens = prompt(3)
+    _store_shards(side, tokens, shards=[0])  # rank 1's shards missing: no chunk hit
+    assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0) == (0, False)
+    _store_shards(side, tokens, shards=[1])
+    assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (21, False)
+    single = side_for(tmp_path)  # a TP=1 engine on the same directory finds none of them
+    assert single.get_num_new_matched_tokens(request(single, "c", tokens), 0) == (0, False)
+    side._pending[b"k"] = time.monotonic()
+    side.take_report(UCMWorkerReport(stored={b"k": 1}))
+    assert b"k" in side._pending  # one rank of two
+    side.take_report(UCMWorkerReport(stored={b"k": 1}))
+    assert b"k" not in side._pending
+
+
+def test_a_request_whose_load_failed_dumps_nothing_more_and_says_so(tmp_path):
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path, max_step_tokens=None)
+    tokens = prompt(4)
+    store_chunks(side, tokens[:6])  # the first chunk only
+    req = request(side, "a", tokens)
+    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
+    step(side, [new], {"a": 1})
+    side.take_report(UCMWorkerReport(load_failed={"a"}))
+    assert side._states["a"].untrusted and side._dumps(side._states["a"], len(tokens) + 8) == []
+    report = side.request_finished(req)["ucm"]
+    assert report["fallback"] == "load_failed"
+    assert side.stats.data["blend_fallbacks_load_failed"] == 1
+
+
+@pytest.mark.parametrize("min_hit_share,blends", [(0.0, True), (0.25, True), (0.5, False)])
+def test_requests_with_few_chunk_hits_are_left_to_vllm(tmp_path, min_hit_share, blends):
+    """One chunk of three stored: 6 of the 21 tokens before the last one (29%) have chunk KV."""
+    side = side_for(tmp_path, min_hit_share=min_hit_share)
+    tokens = prompt(5)
+    store_chunks(side, tokens[:6])
+    req = request(side, "a", tokens)
+    external, _ = side.get_num_new_matched_tokens(req, 0)
+    assert external == (21 if blends else 0)
+    meta, _ = step(side, [admit(side, req, external)], {"a": len(tokens) - external})
+    (s,) = meta.requests
+    assert (s.blend is not None) == blends and bool(s.chunk_loads) == blends
+    if not blends:  # computed by vLLM: its blocks are exact and stored as such
+        assert {d.key for d in s.dumps} >= {side.key(KeyKind.EXACT, h) for h in req.block_hashes}
+    report = side.request_finished(req)["ucm"]
+    assert report["fallback"] == (None if blends else "few_hits") and report["blended"] == blends
+    assert side.stats.data.get("blend_fallbacks_few_hits", 0) == (0 if blends else 1)

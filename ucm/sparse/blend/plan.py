@@ -121,6 +121,14 @@ def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:
     return max(plan.prefix_tokens, prompt_len - 1)
 
 
+def region_hit_share(plan: BlendPlan, end: int) -> float:
+    """Share of the region [plan.prefix_tokens, end) whose KV is loaded from the store (0 when empty)."""
+    region = end - plan.prefix_tokens
+    if region <= 0:
+        return 0.0
+    return sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded) / region
+
+
 def region_work(plan: BlendPlan, end: int, ratio: float) -> int:
     """Rows the Blend forward runs through the later layers for a region ending at ``end``: the
     tokens without loaded KV there (misses) and the recomputed share of the loaded ones."""

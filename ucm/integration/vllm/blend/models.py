@@ -12,6 +12,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from ucm.integration.vllm.blend.blend_forward import blend_forward
+from ucm.integration.vllm.connector.worker_side import BLEND_MODELS_BUILT
 
 
 def current_blend_step():
@@ -24,6 +25,10 @@ def current_blend_step():
 
 
 class BlendMixin:
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):  # vLLM reads this signature
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        BLEND_MODELS_BUILT.append(type(self).__name__)  # the connector checks for it at start-up
+
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         step = current_blend_step()
         if step is None or intermediate_tensors is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 from ucm.config import QUERY_SELECTION
 from ucm.store.keys import StoreKey
@@ -77,3 +77,29 @@ class RequestStep:
 @dataclass
 class UCMConnectorMetadata(KVConnectorMetadata):
     requests: list[RequestStep] = field(default_factory=list)
+
+
+@dataclass
+class UCMWorkerReport(KVConnectorWorkerMetadata):
+    """What the workers tell the scheduler after a step; vLLM sums the reports of all ranks.
+
+    A dump counts as stored only once every rank confirmed its shard (`stored` counts ranks per
+    key); until then the scheduler does not serve it to anyone. Requests whose loads failed, or
+    whose Blend region the forward did not run, dump nothing more and report a fallback.
+    """
+
+    stored: dict[StoreKey, int] = field(default_factory=dict)  # dump key -> ranks that stored their shard
+    not_stored: set[StoreKey] = field(default_factory=set)  # refused, failed or timed out on some rank
+    load_failed: set[str] = field(default_factory=set)  # request ids with a failed or timed-out load
+    not_blended: set[str] = field(default_factory=set)  # request ids whose Blend region was not run
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> UCMWorkerReport:
+        assert isinstance(other, UCMWorkerReport)
+        stored = dict(self.stored)
+        for key, ranks in other.stored.items():
+            stored[key] = stored.get(key, 0) + ranks
+        return UCMWorkerReport(stored, self.not_stored | other.not_stored, self.load_failed | other.load_failed,
+                               self.not_blended | other.not_blended)
+
+    def is_empty(self) -> bool:
+        return not (self.stored or self.not_stored or self.load_failed or self.not_blended)

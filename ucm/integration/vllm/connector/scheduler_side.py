@@ -22,14 +22,15 @@ from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, CHUNK_START_TOKEN
                         KV_SHIFT_PARAM,
                         ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
-from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
+                                                    UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
-from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_work
+from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_hit_share, region_work
 from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
                                          kv_shift_share)
-from ucm.store.keys import KeyKind, store_key
+from ucm.store.keys import KeyKind, shard_key, store_key
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -42,8 +43,11 @@ logger = logging.getLogger(__name__)
 
 # Key of the per-request report in RequestOutput.kv_transfer_params.
 REPORT_KEY = "ucm"
-# How long a submitted dump counts as stored before the store itself confirms it.
-INFLIGHT_SECONDS = 30.0
+# A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
+# confirm them (usually a step or two), then is planned with them as misses.
+DUMP_WAIT_SECONDS = 2.0
+# A submitted dump no worker answered for this long is forgotten (the workers give up after dump_timeout_s).
+PENDING_DUMP_SECONDS = 300.0
 
 
 @dataclass
@@ -68,6 +72,7 @@ class _RequestState:
     blended: bool = False
     fallback: str | None = None  # why a request with loaded chunk KV was not (or not wholly) blended
     refused: tuple[str, ...] = ()  # per-request parameters it sent that the operator does not allow
+    untrusted: bool = False  # a load failed or its region was not run: nothing more of it is dumped
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
@@ -86,7 +91,7 @@ def isolation_of(request: Request) -> IsolationKeys:
 
 class SchedulerSide:
     def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
-                 step_budget: int = 8192):
+                 step_budget: int = 8192, num_shards: int = 1):
         self.blend = config.sparse
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
         self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens else step_budget)
@@ -99,7 +104,11 @@ class SchedulerSide:
         self._states: dict[str, _RequestState] = {}
         self._originals: dict[str, list[bytes]] = {}  # req_id -> block hashes before salting
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
-        self._inflight: dict[bytes, float] = {}  # keys of dumps submitted lately -> when
+        self.num_shards = num_shards  # tensor-parallel ranks: a block is stored only when every rank's shard is
+        self._pending: dict[bytes, float] = {}  # dumps submitted, not yet confirmed by every rank -> when
+        self._confirmed: dict[bytes, int] = {}  # ranks that confirmed a pending dump so far
+        self._awaited = False  # the current lookup missed a block whose dump is pending
+        self._waiting: dict[str, float] = {}  # req_id -> when it started waiting for pending dumps
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self._lookup_timeouts = 0  # the store's count when last read
         serving = os.environ.get(API_SERVER_ENV) == "1"
@@ -122,22 +131,55 @@ class SchedulerSide:
         return store_key(self.namespace, kind, block_hash)
 
     def lookup(self, kind: KeyKind, hashes) -> list[bool]:
-        """Stored, or dumped by this engine moments ago (the worker finishes dumps before loads)."""
+        """Which blocks the store holds, every tensor-parallel rank's shard of them.
+
+        Only dumps the store confirmed count: a block this engine submitted moments ago is a miss
+        (and `_awaited` says so, so the request can wait for it) until every worker reported it stored.
+        """
         if not hashes:
             return []
         keys = [self.key(kind, h) for h in hashes]
-        found = self.store.lookup(keys)
+        n = self.num_shards
+        shards = self.store.lookup([shard_key(k, r, n) for k in keys for r in range(n)])
+        found = [all(shards[i * n:(i + 1) * n]) for i in range(len(keys))]
         timeouts = self.store.stats().lookup_timeouts
         if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
             self.stats.add("lookup_timeouts", timeouts - self._lookup_timeouts)
             self._lookup_timeouts = timeouts
-        if self._inflight:
-            now = time.monotonic()
-            for key, t in list(self._inflight.items()):
-                if now - t > INFLIGHT_SECONDS:
-                    del self._inflight[key]
-            found = [f or k in self._inflight for f, k in zip(found, keys)]
+        if self._pending and any(not f and k in self._pending for f, k in zip(found, keys)):
+            self._awaited = True
         return found
+
+    def take_report(self, report: UCMWorkerReport) -> None:
+        """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
+        for key, ranks in report.stored.items():
+            confirmed = self._confirmed.pop(key, 0) + ranks
+            if confirmed >= self.num_shards:
+                self._pending.pop(key, None)
+            elif key in self._pending:
+                self._confirmed[key] = confirmed
+        for key in report.not_stored:
+            self._pending.pop(key, None)
+            self._confirmed.pop(key, None)
+        for req_id in report.load_failed:
+            self._distrust(req_id, "load_failed")
+        for req_id in report.not_blended:
+            self._distrust(req_id, "forward_missing")
+        if self._pending:
+            now = time.monotonic()
+            for key in [k for k, t in self._pending.items() if now - t > PENDING_DUMP_SECONDS]:
+                del self._pending[key]
+                self._confirmed.pop(key, None)
+
+    def _distrust(self, req_id: str, reason: str) -> None:
+        state = self._states.get(req_id)
+        if state is None:
+            return
+        state.untrusted = True
+        if reason == "forward_missing":
+            state.blended = False
+        if state.fallback != reason:
+            self._fall_back(state, reason)
 
     # ---- chunk layout -------------------------------------------------------------------
 
@@ -194,6 +236,7 @@ class SchedulerSide:
         if resumed is None and (request.num_computed_tokens > 0 or request.num_tokens > len(tokens)):
             return 0, False  # resumed without a plan of ours: vLLM's own cache handles it
         self._restore_hashes(request)  # a request deferred last step is planned afresh
+        self._awaited = False
         bs = self.block_size
         prompt_len = len(tokens)
         num_full = prompt_len // bs
@@ -214,12 +257,22 @@ class SchedulerSide:
         layout = self.chunk_layout(request, params)
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup, isolation_of(request))
+        if self._awaited:  # blocks it needs are being written by this engine: wait for them a little
+            since = self._waiting.setdefault(request.request_id, time.monotonic())
+            if time.monotonic() - since < DUMP_WAIT_SECONDS:
+                self.stats.add("dump_waits")
+                return None, False
+        self._waiting.pop(request.request_id, None)
         state = _RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
         state.refused = refused
         if plan is not None and not params.get(DISABLE_BLEND_PARAM):
-            state.blend_end = blend_region_end(plan, prompt_len)
+            end = blend_region_end(plan, prompt_len)
+            if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
+                state.fallback = "few_hits"  # vLLM computes it; counted at its first step
+            else:
+                state.blend_end = end
         if state.blending:
             state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
             state.chunk_start_tokens = self._chunk_start_tokens(request, params, state.selection)
@@ -293,6 +346,7 @@ class SchedulerSide:
         state = self._states.pop(request.request_id, None)
         self._originals.pop(request.request_id, None)
         self._resumed.pop(request.request_id, None)
+        self._waiting.pop(request.request_id, None)
         if state is None:
             return None
         plan = state.plan
@@ -333,6 +387,8 @@ class SchedulerSide:
                 self.stats.add("request_params_refused")
                 logger.warning("request %s: ignoring %s (not allowed by ucm_sparse_config.Blend.request_params / "
                                "allow_oracle)", state.request.request_id, ", ".join(state.refused))
+            if state.fallback == "few_hits":
+                self._fall_back(state, "few_hits")
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
         hashes = self._original_hashes(state.request)
@@ -412,11 +468,13 @@ class SchedulerSide:
         return RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled, dumps=dumps)
 
     def _dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:
+        if state.untrusted:
+            return []
         dumps = self._new_dumps(state, computed_end)
         state.num_dumped += len(dumps)
         now = time.monotonic()
         for d in dumps:
-            self._inflight[d.key] = now
+            self._pending[d.key] = now
         return dumps
 
     def _new_dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:

@@ -28,6 +28,10 @@ COUNTERS: dict[str, str] = {
     "blend_preemptions": "Blended requests preempted and blended again on readmission (chunk KV reloaded)",
     "blend_fallbacks_preempted": "Preempted blended requests whose chunk KV was gone on readmission (computed in full)",
     "blend_fallbacks_external_trimmed": "Blend requests whose region vLLM cut short (the rest computed in full)",
+    "blend_fallbacks_few_hits": "Requests with chunk hits below min_hit_share of their tokens, left to vLLM's own prefill",
+    "blend_fallbacks_load_failed": "Requests with a failed or timed-out load (failed chunk blocks computed in full, a failed prefix recomputed; nothing of theirs stored)",
+    "blend_fallbacks_forward_missing": "Blend requests whose region the model forward did not run (not the Blend model class; nothing of the step stored)",
+    "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
     "lookup_timeouts": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
@@ -37,6 +41,7 @@ COUNTERS: dict[str, str] = {
     "load_bytes": "Bytes loaded from the store",
     "load_ms": "Milliseconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",
+    "dumps_refused": "Blocks not handed to the store because their KV could not be trusted (a failed load of their request, or a Blend region the forward did not run)",
     "dump_bytes": "Bytes handed to the store",
     "recomputed_tokens": "Loaded chunk tokens recomputed from the check layer on",
     "reused_tokens": "Loaded chunk tokens that kept their loaded KV from the check layer on",

@@ -18,7 +18,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ucm.config import BlendConfig, UCMConfig
-from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata
+from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata, UCMWorkerReport
+from ucm.integration.vllm.connector.model_identity import model_digest
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
 from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetrics
 from ucm.integration.vllm.connector.worker_side import BlendStep, WorkerSide
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -41,15 +43,22 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
     """Identity of the KV bytes: same model weights, dtype and geometry -> same namespace.
 
     vLLM's block hashes cover tokens only, so without this two models sharing a store directory
-    would read each other's KV. The model is named by its directory's last component (paths
-    differ between machines of one deployment) plus its architecture and shape.
+    would read each other's KV. The model is identified by content (`model_digest`: config.json
+    and weight files, see model_identity.py), never by its path or served name: two fine-tunes in
+    directories of the same name get different namespaces, one model mounted at different paths
+    (or served under different names) shares its KV. Dummy weights (load_format "dummy", seeded
+    random values whatever the files hold) are marked apart from the real ones. Architecture and
+    shape follow. v1 named the model by its directory; v2 stores are not found by v1 and back.
     """
     mc = vllm_config.model_config
     hf = mc.hf_text_config
     cache = vllm_config.cache_config
+    load = getattr(vllm_config, "load_config", None)
+    digest = model_digest(str(mc.model), getattr(mc, "revision", None), getattr(load, "download_dir", None))
+    dummy = ":dummy" if str(getattr(load, "load_format", "auto")) == "dummy" else ""
     parts = [
-        "ucm-blend/v1",
-        str(mc.served_model_name or mc.model).rstrip("/").split("/")[-1],
+        "ucm-blend/v2",
+        f"model:{digest}{dummy}",
         ",".join(getattr(mc.hf_config, "architectures", None) or []),
         f"L{hf.num_hidden_layers}", f"H{mc.get_total_num_kv_heads()}", f"D{mc.get_head_size()}",
         f"V{getattr(hf, 'vocab_size', 0)}", str(mc.dtype), f"kv:{cache.cache_dtype}",
@@ -100,7 +109,8 @@ class UCMConnector(KVConnectorBase_V1):
                 vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
-                cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens)
+                cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens,
+                num_shards=vllm_config.parallel_config.tensor_parallel_size)
         else:
             try:
                 self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
@@ -114,6 +124,7 @@ class UCMConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         assert self._worker is not None
         self._worker.register_kv_caches(kv_caches)
+        self._worker.check_blend_forward()  # the model is built by now
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
@@ -135,6 +146,14 @@ class UCMConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors() if self._worker else set()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is not None:
+            self._worker.forget(finished_req_ids)
+        return None, None
+
+    def build_connector_worker_meta(self) -> UCMWorkerReport | None:
+        return self._worker.build_report() if self._worker else None
 
     def take_blend_step(self) -> BlendStep | None:
         """For the Blend model forward of this step (worker process)."""
@@ -173,6 +192,11 @@ class UCMConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
         return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        report = connector_output.kv_connector_worker_meta
+        if self._scheduler is not None and isinstance(report, UCMWorkerReport):
+            self._scheduler.take_report(report)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None

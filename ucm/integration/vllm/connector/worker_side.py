@@ -17,10 +17,11 @@ import torch
 
 from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
-from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
 from ucm.store.base import KVStoreBase, Task
+from ucm.store.keys import StoreKey, shard_key
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ logger = logging.getLogger(__name__)
 BLEND_BACKENDS = ("CPU_ATTN",)
 
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+# Names of the Blend model classes instantiated in this process (ucm.integration.vllm.blend.models
+# adds them): a Blend config without one would hand regions to a forward that never runs them.
+BLEND_MODELS_BUILT: list[str] = []
 
 
 def layer_index(name: str) -> int:
@@ -73,7 +78,17 @@ class BlendStep:
 @dataclass
 class _PendingDump:
     task: Task
+    keys: list[StoreKey]  # the blocks' keys as the scheduler knows them (this rank's shard is stored)
     buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive until the store is done
+
+
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    """(rank, world size) of this worker's tensor-parallel group; (0, 1) outside a vLLM worker."""
+    from vllm.distributed import parallel_state
+
+    if parallel_state._TP is None:
+        return 0, 1
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
 
 class WorkerSide:
@@ -90,6 +105,12 @@ class WorkerSide:
         self._pending: list[_PendingDump] = []
         self._dump_failure_logged = False
         self._failed_block_ids: set[int] = set()
+        # Each rank stores its own heads under its own key (shard_key): ranks never read each other's.
+        self.rank, self.world = tensor_parallel_rank_and_size()
+        self._report = UCMWorkerReport()  # for the scheduler, after this step
+        # Requests whose KV may be wrong (a failed load, a Blend region never run): nothing of theirs
+        # is dumped until they finish.
+        self._untrusted: set[str] = set()
         self._blend_step: BlendStep | None = None
         self._staging_buf: torch.Tensor | None = None
         self._rope_buf: torch.Tensor | None = None
@@ -134,6 +155,26 @@ class WorkerSide:
         self._dtype = self.caches[0].dtype
         self._device = self.caches[0].device
 
+    def check_blend_forward(self) -> None:
+        """Refuse Blend at start-up when this process did not build the Blend model class.
+
+        vLLM's own forward computes only the scheduled token of a blend request: its region
+        (misses, question, recomputed share) would stay stale and be stored as if computed.
+        """
+        if self.check_layer is None or BLEND_MODELS_BUILT:
+            return
+        arch = getattr(self.vllm_config.model_config, "architectures", None)
+        raise ValueError(
+            f"ucm_sparse_config.Blend is configured but the model ({arch}) was not built with the Blend forward "
+            "(ucm.integration.vllm.blend.models), so blended regions would never be computed. Cause: "
+            "UCM_BLEND_NO_MODELS=1, or VLLM_PLUGINS excluding 'ucm', or a model_class_overrides entry. Fix: unset "
+            "UCM_BLEND_NO_MODELS and let the 'ucm' plugin load, or remove ucm_sparse_config.Blend to use the "
+            "store for prefix offload only.")
+
+    def store_key(self, key: StoreKey) -> StoreKey:
+        """The key of this rank's shard of a block."""
+        return shard_key(key, self.rank, self.world)
+
     def block_tensor(self, num_tokens: int) -> torch.Tensor:
         L, two, H, D = self._token_shape
         return torch.empty((num_tokens, L, two, H, D), dtype=self._dtype, device="cpu")
@@ -155,7 +196,7 @@ class WorkerSide:
         if not prefix and not chunks and not blends:
             return
         start = time.perf_counter()
-        self._reap_dumps(block=True)  # the scheduler counts this engine's recent dumps as stored
+        # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
         # Chunk blocks land back to back in the staging tensor (a block partly covered by the
         # exact prefix goes through its own buffer and is trimmed); prefix blocks get their own.
         staging = self._staging(sum(ld.num_tokens - ld.skip for _, ld in chunks))
@@ -165,7 +206,7 @@ class WorkerSide:
             destinations.append(staging[offset:offset + n] if ld.skip == 0 else self.block_tensor(ld.num_tokens))
             offset += n
         destinations += [self.block_tensor(ld.num_tokens) for _, ld in prefix]
-        keys = [ld.key for _, ld in chunks] + [ld.key for _, ld in prefix]
+        keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
         task = self.store.load(keys, [_bytes_view(d) for d in destinations])
         ok = self.store.wait(task)
         if task.timed_out:  # IO threads may still write the staging buffer: never reuse it
@@ -179,6 +220,7 @@ class WorkerSide:
             else:  # vLLM recomputes the blocks reported by get_block_ids_with_load_errors
                 self.stats.add("failed_blocks")
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
+                self._distrust(req.req_id)
 
         rows, slots, deltas, offset = [], [], [], 0
         for (req, ld), buf, good in zip(chunks, destinations, ok):
@@ -192,6 +234,7 @@ class WorkerSide:
                 self._count_load(buf)
             else:
                 self.stats.add("failed_blocks")
+                self._distrust(req.req_id)
             offset += n
         if blends:
             if rows:
@@ -285,9 +328,17 @@ class WorkerSide:
             self._rope_buf = torch.empty((max(n, 2 * self.block_size), *shape[1:]), dtype=self._cos_sin.dtype)
         return self._rope_buf[:n]
 
+    def _distrust(self, req_id: str) -> None:
+        """A load of this request failed: the rows computed over it must never reach the store."""
+        self._untrusted.add(req_id)
+        self._report.load_failed.add(req_id)
+
     def take_blend_step(self) -> BlendStep | None:
         step, self._blend_step = self._blend_step, None
         return step
+
+    def forget(self, finished_req_ids) -> None:
+        self._untrusted.difference_update(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_block_ids = self._failed_block_ids, set()
@@ -296,15 +347,36 @@ class WorkerSide:
     # ---- dumps ---------------------------------------------------------------------------
 
     def wait_for_save(self, meta: UCMConnectorMetadata) -> None:
-        dumps = [(req, d) for req in meta.requests for d in req.dumps]
+        if self._blend_step is not None:  # loaded for a Blend forward that never took it
+            self._blend_step = None
+            unrun = {req.req_id for req in meta.requests if req.blend is not None}
+            logger.error("the model forward did not run the Blend region of requests %s: nothing of this step "
+                         "is stored (is the model class the Blend one?)", sorted(unrun))
+            self._report.not_blended |= unrun
+            self._untrusted |= unrun
+            self._refuse([d for req in meta.requests for d in req.dumps])
+            return
+        self._refuse([d for req in meta.requests if req.req_id in self._untrusted for d in req.dumps])
+        dumps = [(req, d) for req in meta.requests if req.req_id not in self._untrusted for d in req.dumps]
         if not dumps:
             return
         buffers = [self._gather(req, d) for req, d in dumps]
-        task = self.store.dump([d.key for _, d in dumps], [_bytes_view(b) for b in buffers],
+        task = self.store.dump([self.store_key(d.key) for _, d in dumps], [_bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])
-        self._pending.append(_PendingDump(task, buffers))
+        self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers))
         self.stats.add("dumped_blocks", len(dumps))
         self.stats.add("dump_bytes", sum(b.numel() * b.element_size() for b in buffers))
+
+    def _refuse(self, dumps: list[BlockDump]) -> None:
+        if dumps:
+            self.stats.add("dumps_refused", len(dumps))
+            self._report.not_stored.update(d.key for d in dumps)
+
+    def build_report(self) -> UCMWorkerReport | None:
+        """This step's report for the scheduler (dumps the store answered since the last one)."""
+        self._reap_dumps(block=False)
+        report, self._report = self._report, UCMWorkerReport()
+        return None if report.is_empty() else report
 
     def _gather(self, req: RequestStep, dump: BlockDump) -> torch.Tensor:
         assert self.layout is not None
@@ -323,6 +395,11 @@ class WorkerSide:
             if block or self.store.check(p.task):
                 ok = self.store.wait(p.task)
                 failed = len(ok) - sum(ok)
+                for key, good in zip(p.keys, ok):
+                    if good:
+                        self._report.stored[key] = 1
+                    else:
+                        self._report.not_stored.add(key)
                 if p.task.timed_out:  # a hung mount: the step goes on, the blocks may not be stored
                     self.stats.add("dump_timeouts", failed)
                 if failed:  # a full store under capacity_gb refuses some on every step: say it once

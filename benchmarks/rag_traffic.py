@@ -1,0 +1,376 @@
+"""Blend on a RAG request stream: plain vLLM (prefix caching, no connector) against the README's
+connector config (Blend 0.15, a temporary store; --capacity-gb its size limit), one server after the
+other, the same stream (same seed) to each of --servers.
+
+Each request asks one of the first --questions questions, drawn from a Zipf popularity (rank r with
+weight 1 / r^a), its passages shuffled and --noise of them replaced by other questions' passages.
+--fresh: no passage is sent twice (questions in data set order). Every request of a run has the
+same cache_salt on both servers (one tenant, a new one per run); Blend requests state their chunks
+(ucm_chunk_lengths), so the question is always computed. --index first sends each passage alone.
+
+    python benchmarks/rag_traffic.py                                  # 100 requests, concurrency 2
+    python benchmarks/rag_traffic.py --rates 0.05,0.1 --capacity-gb 1 --out benchmarks/results/rag_traffic.json
+    python benchmarks/rag_traffic.py --num-requests 4 --generated --passages 4 --passage-words 200
+
+Per request, with its send time: TTFT (latency less vLLM's decode time: the connector's report,
+kv_transfer_params["ucm"], comes only with unstreamed responses), chunk blocks and hits, blended,
+vLLM's cached prompt tokens (Blend: loaded chunk KV included). Per run: chunk hit rate, blended
+share, TTFT p50/p90 overall and of high-hit requests (>= 80% of chunk blocks hit on the Blend run,
+the same requests on plain), requests/s, wall time, store bytes written and read, fallbacks, the
+store's size at the end and the blocks dumped but not in it (evicted, refused, or dumped twice at
+once); JSON as it goes, a PNG of TTFT over time, and Blend's speed-up over plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server, stop_server,
+                      wait_healthy)
+
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
+RATIO = 0.15
+TENANT = "rag-traffic"  # cache_salt prefix; a run adds its load level
+HIGH_HIT = 0.8
+SERVERS = ("plain", "blend")
+SERVE_FLAGS = ["--enable-prefix-caching", "--enable-per-request-metrics", "--enable-prompt-tokens-details"]
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown; the examples above kept as written."""
+
+
+def _list(kind):  # "1,2" -> [1, 2]; argparse converts string defaults too
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_Help)
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
+                   help="model directory, env MODEL_PATH; None: the embedded one")
+    p.add_argument("--num-requests", type=int, default=100, help="requests in the stream")
+    p.add_argument("--questions", type=int, default=50, help="questions the Zipf popularity is over")
+    p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent a: rank r drawn with weight 1 / r^a")
+    p.add_argument("--noise", type=int, default=2, help="passages per request replaced by other questions' passages")
+    p.add_argument("--fresh", action="store_true", help="no passage is sent twice (0%% reuse)")
+    p.add_argument("--passages", type=int, default=10, help="passages per question (MuSiQue: its first N)")
+    p.add_argument("--passage-words", type=int, default=450, help="words per generated passage")
+    p.add_argument("--generated", action="store_true", help="generated questions even if MuSiQue is present")
+    p.add_argument("--concurrency", type=_list(int), default="2", help="comma-separated concurrency levels")
+    p.add_argument("--rates", type=_list(float), default=None,
+                   help="comma-separated Poisson arrival rates (requests/s), instead of --concurrency")
+    p.add_argument("--capacity-gb", type=float, default=None, help="store size limit (Blend's capacity_gb)")
+    p.add_argument("--index", action="store_true", help="send every passage of the stream alone first (untimed)")
+    p.add_argument("--servers", type=_list(str), default=",".join(SERVERS), help="comma-separated: plain, blend")
+    p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
+    p.add_argument("--seed", type=int, default=0, help="of the stream and the arrival times")
+    p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON; the PNG and server logs go beside it")
+    p.add_argument("--no-plot", action="store_true", help="no PNG")
+    args = p.parse_args(argv)
+    if unknown := set(args.servers) - set(SERVERS):
+        p.error(f"unknown --servers {', '.join(sorted(unknown))}")
+    return args
+
+
+@dataclass(frozen=True)
+class Request:
+    question: int  # index into the questions
+    passages: tuple[int, ...]  # passage ids in prompt order
+    noise: tuple[int, ...] = ()  # positions holding passages of other questions
+
+
+def passage_pool(examples) -> tuple[list[str], list[list[int]]]:
+    """(unique passage texts, each question's passage ids): a passage two questions share is one id."""
+    ids: dict[str, int] = {}
+    questions = [[ids.setdefault(p, len(ids)) for p in ex.passages] for ex in examples]
+    return list(ids), questions
+
+
+def zipf_weights(n: int, a: float) -> list[float]:
+    return [1.0 / r ** a for r in range(1, n + 1)]
+
+
+def fresh_questions_needed(num_requests: int, noise: int, passages: int) -> int:
+    return num_requests + math.ceil(num_requests * noise / max(passages, 1)) + 1
+
+
+def _add_noise(rng: random.Random, own: list[int], donors: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`own` shuffled, then len(donors) random positions given to the donors."""
+    order = rng.sample(own, len(own))
+    positions = sorted(rng.sample(range(len(order)), len(donors)))
+    for pos, donor in zip(positions, donors):
+        order[pos] = donor
+    return tuple(order), tuple(positions)
+
+
+def make_stream(questions: list[list[int]], num_requests: int, zipf_a: float = 1.1, noise: int = 2, seed: int = 0,
+                fresh: bool = False) -> list[Request]:
+    """The requests, deterministic in `seed`. Popular: question ranks drawn from Zipf(zipf_a), donors
+    any passage of another question. Fresh: questions taken in order, donors from the last
+    questions (never asked then); no passage id appears in two requests or twice in one."""
+    rng = random.Random(seed)
+    if any(noise > len(q) for q in questions):
+        raise ValueError(f"--noise {noise} is more than a question's passages")
+    if fresh:
+        return _fresh_stream(rng, questions, num_requests, noise)
+    weights = zipf_weights(len(questions), zipf_a)
+    stream = []
+    for q in rng.choices(range(len(questions)), weights, k=num_requests):
+        own = set(questions[q])
+        others = sorted({p for j, ps in enumerate(questions) if j != q for p in ps} - own)
+        if len(others) < noise:
+            raise ValueError("too few other passages for --noise: use more --questions")
+        stream.append(Request(q, *_add_noise(rng, questions[q], rng.sample(others, noise))))
+    return stream
+
+
+def _fresh_stream(rng, questions, num_requests, noise) -> list[Request]:
+    used: set[int] = set()  # sent, or set aside as donors
+    spare: list[int] = []  # donor passages, from the last questions (never asked then)
+    front, back, stream = 0, len(questions) - 1, []
+    for _ in range(num_requests):
+        while len(spare) < noise and back > front:
+            new = [p for p in dict.fromkeys(questions[back]) if p not in used]
+            spare, back = spare + new, back - 1
+            used.update(new)
+        while front <= back and used & set(questions[front]):
+            front += 1
+        if front > back or len(spare) < noise:
+            raise ValueError(f"--fresh: {len(questions)} questions are too few for {num_requests} requests "
+                             "(fewer --num-requests or --generated)")
+        used.update(questions[front])
+        stream.append(Request(front, *_add_noise(rng, questions[front], [spare.pop() for _ in range(noise)])))
+        front += 1
+    return stream
+
+
+def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Poisson arrivals: n send times (s) with exponential gaps of mean 1 / rate."""
+    rng = random.Random(seed)
+    return list(itertools.accumulate(rng.expovariate(rate) for _ in range(n)))
+
+
+async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int) -> dict:
+    token_ids, chunk_lengths = prompt
+    body = {"model": model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "cache_salt": salt}
+    if blend:
+        body["kv_transfer_params"] = {"ucm_chunk_lengths": chunk_lengths}
+    start = time.perf_counter()
+    resp = await http.post("/v1/completions", json=body)
+    latency = time.perf_counter() - start
+    resp.raise_for_status()
+    out = resp.json()
+    decode = ((out.get("metrics") or {}).get("generation_time_ms") or 0.0) / 1000  # first to last token
+    report = (out.get("kv_transfer_params") or {}).get("ucm") or {}
+    details = out["usage"].get("prompt_tokens_details") or {}
+    return {"ttft_s": latency - decode, "latency_s": latency, "prompt_tokens": out["usage"]["prompt_tokens"],
+            "cached_tokens": details.get("cached_tokens"), "chunk_blocks": report.get("chunk_blocks", 0),
+            "chunk_hit_blocks": report.get("chunk_hit_blocks", 0), "blended": bool(report.get("blended")),
+            "fallback": report.get("fallback"), "text": out["choices"][0]["text"]}
+
+
+async def run_stream(http, model, prompts, salt, blend, max_tokens, level, seed, on_record) -> float:
+    """Every prompt in order, at fixed concurrency or at its Poisson arrival time; the wall time."""
+    kind, value = level
+    start = time.perf_counter()
+
+    async def one(i):
+        sent = time.perf_counter() - start
+        rec = await send(http, model, prompts[i], salt, blend, max_tokens)
+        on_record({"i": i, "start_s": sent, **rec, "end_s": time.perf_counter() - start})
+
+    if kind == "concurrency":  # `value` workers take the prompts in order
+        queue = iter(range(len(prompts)))
+
+        async def worker():
+            for i in queue:
+                await one(i)
+
+        await asyncio.gather(*(worker() for _ in range(value)))
+    else:  # open loop: each prompt at its arrival time, whatever is still running
+        tasks = []
+        for i, at in enumerate(arrival_times(len(prompts), value, seed + 1)):
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+    return time.perf_counter() - start
+
+
+def store_summary(before: dict, after: dict, store: str | None) -> dict:
+    """The run's store traffic and fallbacks (/metrics deltas) and the store's blocks at its end."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    files = list(Path(store).rglob("*.kvb")) if store else []
+    return {"dump_bytes": int(delta.get("dump_bytes", 0)), "load_bytes": int(delta.get("load_bytes", 0)),
+            "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_") and v},
+            "store_bytes": sum(f.stat().st_size for f in files), "store_blocks": len(files),
+            # blocks dumped since the server started less those in the store: evicted, refused under
+            # capacity_gb, or one block dumped by two requests at once (the store has no eviction counter)
+            "dumped_not_in_store": max(0, int(after.get("dumped_blocks", 0)) - len(files))}
+
+
+def high_hit_requests(records) -> set[int]:
+    return {r["i"] for r in records if r["chunk_blocks"] and r["chunk_hit_blocks"] >= HIGH_HIT * r["chunk_blocks"]}
+
+
+def summarize(records, wall_s: float, high_hit: set[int] | None) -> dict:
+    ttft = [r["ttft_s"] for r in records]
+    high = [r["ttft_s"] for r in records if high_hit is not None and r["i"] in high_hit]
+    blocks, tokens = sum(r["chunk_blocks"] for r in records), sum(r["prompt_tokens"] for r in records)
+    return {"requests": len(records), "wall_s": wall_s, "requests_per_s": len(records) / wall_s,
+            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),
+            "high_hit_requests": len(high), "high_hit_ttft_p50_s": percentile(high, 0.5) if high else None,
+            "high_hit_ttft_p90_s": percentile(high, 0.9) if high else None,
+            "chunk_hit_rate": sum(r["chunk_hit_blocks"] for r in records) / blocks if blocks else None,
+            "blended_share": sum(r["blended"] for r in records) / len(records),
+            "vllm_cached_share": sum(r["cached_tokens"] or 0 for r in records) / tokens}
+
+
+def finish(results: dict) -> None:
+    """Summaries of every run (plain's high-hit requests: those of the Blend run at its load) and speed-ups."""
+    runs = {(r["server"], r["load"]): r for r in results["runs"]}
+    for (server, load), run in runs.items():
+        blend = runs.get(("blend", load))
+        run["summary"].update(summarize(run["records"], run["wall_s"],
+                                        high_hit_requests(blend["records"]) if blend else None))
+    results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
+                                 "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
+                          for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
+
+
+def print_table(results: dict) -> None:
+    print("\n| server | load | req/s | TTFT p50 / p90 | high-hit TTFT p50 (n) | chunk hits | blended | "
+          "fallbacks | written / read MB | store MB | dumped, not in store |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for run in results["runs"]:
+        s, hh = run["summary"], run["summary"]["high_hit_ttft_p50_s"]
+        hits = "-" if s["chunk_hit_rate"] is None else f"{s['chunk_hit_rate']:.0%}"
+        mb = (f"{s['dump_bytes'] / 1e6:.0f} / {s['load_bytes'] / 1e6:.0f} | {s['store_bytes'] / 1e6:.0f} | "
+              f"{s['dumped_not_in_store']}" if run["server"] == "blend" else "- | - | -")
+        print(f"| {run['server']} | {run['load']} | {s['requests_per_s']:.3f} | {s['ttft_p50_s']:.2f} / "
+              f"{s['ttft_p90_s']:.2f} s | {'-' if hh is None else f'{hh:.2f} s'} ({s['high_hit_requests']}) | {hits} | "
+              f"{s['blended_share']:.0%} | {sum(s.get('fallbacks', {}).values())} | {mb} |")
+    for load, x in results["speedup"].items():
+        print(f"blend over plain at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50")
+
+
+def plot(results: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in results["runs"]:
+        recs = sorted(run["records"], key=lambda r: r["start_s"])
+        ax.plot([r["start_s"] for r in recs], [r["ttft_s"] for r in recs], marker=".", linewidth=0.8,
+                label=f"{run['server']} {run['load']}")
+    ax.set(xlabel="request sent at (s into the run)", ylabel="TTFT (s)", yscale="log")
+    ax.set_title(f"RAG stream, {results['dataset']}, ~{results['mean_prompt_tokens']:.0f}-token prompts")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def build_prompts(tokenizer, examples, pool, stream):
+    """Per request (token ids, chunk lengths); and each passage of the stream alone (indexing)."""
+    from ucm.eval.prompts import build_prompt, chunk_end_token_id
+
+    marker = chunk_end_token_id(tokenizer)
+    built = [build_prompt(tokenizer, replace(examples[r.question], passages=tuple(pool[p] for p in r.passages)),
+                          marker) for r in stream]
+    prompts, index = [(p.token_ids, list(p.chunk_lengths)) for p in built], []
+    for p in dict.fromkeys(p for req in stream for p in req.passages):
+        alone = build_prompt(tokenizer, replace(examples[0], passages=(pool[p],)), marker)
+        sys_len, n = alone.chunk_lengths
+        index.append((alone.token_ids[sys_len:sys_len + n], [n]))
+    return prompts, index
+
+
+async def serve_runs(server, url, prompts, index, stream, args, levels, results, out, store) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=900) as http:
+        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        for level in levels:
+            load = f"{'c' if level[0] == 'concurrency' else 'r'}={level[1]:g}"
+            salt, blend = f"{TENANT}-{load}", server == "blend"
+            run = {"server": server, "load": load, level[0]: level[1], "records": [], "wall_s": 0.0, "summary": {}}
+            results["runs"].append(run)
+            if args.index:
+                t = time.perf_counter()
+                await run_stream(http, model, index, salt, blend, 1, ("concurrency", 2), 0, lambda rec: None)
+                run["index_wall_s"] = time.perf_counter() - t
+            before = counters(url)
+
+            def on_record(rec):
+                req = stream[rec["i"]]
+                run["records"].append({**rec, "question": req.question, "noise": len(req.noise)})
+                out.write_text(json.dumps(results, indent=1))
+
+            run["wall_s"] = await run_stream(http, model, prompts, salt, blend, args.max_tokens, level, args.seed,
+                                             on_record)
+            run["summary"] = store_summary(before, counters(url), store)
+            finish(results)
+            s = run["summary"]
+            print(f"{server} {load}: {s['requests_per_s']:.3f} req/s, TTFT p50 {s['ttft_p50_s']:.2f} s, "
+                  f"blended {s['blended_share']:.0%}", flush=True)
+            out.write_text(json.dumps(results, indent=1))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from ucm.models import prepare
+
+    model = args.model or str(prepare())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    needed = fresh_questions_needed(args.num_requests, args.noise, args.passages) if args.fresh else args.questions
+    dataset, examples = load_examples(args.generated, needed, passages=args.passages, passage_words=args.passage_words)
+    examples = [replace(ex, passages=ex.passages[:args.passages]) for ex in examples]
+    pool, questions = passage_pool(examples)
+    stream = make_stream(questions, args.num_requests, args.zipf, args.noise, args.seed, args.fresh)
+    prompts, index = build_prompts(tokenizer, examples, pool, stream)
+    levels = [("rate", r) for r in args.rates] if args.rates else [("concurrency", c) for c in args.concurrency]
+    results = {"dataset": dataset, "config": {k: v for k, v in vars(args).items() if k != "model"},
+               "mean_prompt_tokens": sum(len(ids) for ids, _ in prompts) / len(prompts), "ratio": RATIO, "dtype": DTYPE,
+               "unique_passages": len(index), "runs": [], "speedup": {}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    for server in args.servers:
+        store = tempfile.mkdtemp(prefix="ucm-rag-traffic-") if server == "blend" else None
+        ktc = blend_config(store, RATIO, ["ucm_chunk_lengths"], args.capacity_gb) if store else None
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(out.with_suffix(f".{server}.log"), "w") as log:
+            proc = start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc)
+            try:
+                wait_healthy(url, proc)
+                asyncio.run(serve_runs(server, url, prompts, index, stream, args, levels, results, out, store))
+            finally:
+                stop_server(proc)
+                if store:
+                    shutil.rmtree(store, ignore_errors=True)
+    print_table(results)
+    if not args.no_plot:
+        plot(results, out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Wrong KV never enters the shared store.
+
+A Blend config on an engine whose model is not the Blend class is refused at start-up (vLLM's
+own forward would leave every blended region uncomputed and the connector would store it). A
+request whose loads fail (damaged block files, found by the lookup and refused by the load's
+checksum) is answered exactly as full prefill answers it, reports `fallback: "load_failed"` and
+stores nothing, under a batch of such requests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from blend_helpers import assert_same, forget_local_prefix_cache, params, prompts, result, run
+
+from ucm.integration.vllm.connector.stats import ucm_counters
+from ucm.integration.vllm.llm import ucm_transfer_config
+
+
+def test_blend_config_without_the_blend_forward_is_refused_at_start_up(model_dir, tmp_path):
+    script = tmp_path / "start.py"
+    script.write_text(textwrap.dedent(f"""
+        from ucm.integration.vllm.llm import make_llm, ucm_transfer_config
+
+        if __name__ == "__main__":
+            make_llm({str(model_dir)!r}, kv_transfer_config=ucm_transfer_config({str(tmp_path / "store")!r},
+                                                                               blend_ratio=0.15))
+            print("ENGINE STARTED")
+        """))
+    env = dict(os.environ, UCM_BLEND_NO_MODELS="1")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ENGINE STARTED" not in out
+    assert "was not built with the Blend forward" in out and "UCM_BLEND_NO_MODELS" in out, out[-3000:]
+
+
+def _block_files(store):
+    return sorted(p for p in store.rglob("*.kvb"))
+
+
+def _wait_until_stable(store, seconds=1.0, timeout=30.0):
+    """Dumps finish in the background: wait until the number of block files stops changing."""
+    deadline, last = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        n = len(_block_files(store))
+        if n == last:
+            return n
+        last = n
+        time.sleep(seconds)
+    return last
+
+
+def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, model_dir, tmp_path):
+    store = tmp_path / "store"
+    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
+                         disable_log_stats=False)
+    pairs = [prompts(llm, seed=s) for s in (301, 302, 303)]
+    for first, _ in pairs:
+        run(llm, first)  # stores each prompt's exact prefix and its chunks
+    assert _wait_until_stable(store) > 0
+    # Damage every stored block: lookups still find them, every load fails its checksum.
+    past = time.time() - 3600
+    for path in _block_files(store):
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        os.utime(path, (past, past))
+    written_after = time.time() - 1
+    forget_local_prefix_cache(llm)  # the original prompts' prefixes now come from the store
+    before = ucm_counters(llm.get_metrics())
+
+    batch = [first for first, _ in pairs] + [reordered for _, reordered in pairs]  # prefix loads, chunk loads
+    outs = [result(o) for o in llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)]
+
+    for prompt, got in zip(batch, outs):  # failed rows are computed in full: exact, even at ratio 0.15
+        assert got.report["fallback"] == "load_failed", got.report
+        assert_same(got, run(plain_llm, prompt), tol=2e-3)
+    after = ucm_counters(llm.get_metrics())
+    assert after.get("failed_blocks", 0) > before.get("failed_blocks", 0)
+    assert after.get("blend_fallbacks_load_failed", 0) - before.get("blend_fallbacks_load_failed", 0) == len(batch)
+    assert after.get("dumps_refused", 0) > before.get("dumps_refused", 0)
+    _wait_until_stable(store)
+    new = [p for p in _block_files(store) if p.stat().st_mtime > written_after]
+    assert not new, f"blocks computed over failed loads were stored: {new}"

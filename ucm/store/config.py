@@ -90,6 +90,9 @@ class NfsStoreConfig:
     # until it returns: the scheduler asks the store on every step and must not hang with the
     # mount. 0: wait for ever (in the calling thread).
     lookup_timeout_s: float = 5.0
+    # Bytes of dumps a writer may have handed to the store and not yet seen written: beyond it
+    # new dumps are dropped (counted), so cold traffic cannot queue KV faster than the disk takes it.
+    dump_queue_mb: float = 1024.0
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -123,6 +126,7 @@ class NfsStoreConfig:
             load_timeout_s=_number(d, "load_timeout_s", 30.0, minimum=0.0),
             dump_timeout_s=_number(d, "dump_timeout_s", 60.0, minimum=0.0),
             lookup_timeout_s=_number(d, "lookup_timeout_s", 5.0, minimum=0.0),
+            dump_queue_mb=_number(d, "dump_queue_mb", 1024.0, minimum=0.0),
         )
 
 

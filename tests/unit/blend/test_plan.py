@@ -6,7 +6,7 @@ import pytest
 
 from ucm.sparse.blend.chunking import split_by_lengths
 from ucm.sparse.blend.hashing import BlockHasher
-from ucm.sparse.blend.plan import blend_region_end, build_plan, region_work
+from ucm.sparse.blend.plan import blend_region_end, bounded_region_end, build_plan, region_hit_share, region_work
 from ucm.store.keys import KeyKind
 
 BS = 4
@@ -65,3 +65,29 @@ def test_work_never_exceeds_the_region(ratio):
     plan = plan_for([6, 10], 20, {1, 3})
     end = blend_region_end(plan, 20)
     assert 0 <= region_work(plan, end, ratio) <= end - plan.prefix_tokens
+
+
+def test_hit_share_is_the_loaded_part_of_the_region():
+    plan = plan_for([6, 10], 20, {0, 4})  # loaded [0,4) and [14,16) of the region [0, 19)
+    assert region_hit_share(plan, 19) == pytest.approx(6 / 19)
+    assert region_hit_share(plan, 0) == 0.0
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.15, 0.5, 1.0])
+@pytest.mark.parametrize("max_rows", [0, 1, 3, 5, 8, 100])
+def test_a_bounded_region_fits_its_cap_and_never_cuts_a_loaded_block(ratio, max_rows):
+    plan = plan_for([6, 10], 20, {0, 1, 3, 4})  # loaded [0,4) [4,6) [10,14) [14,16); [6,10) missed
+    end = blend_region_end(plan, 20)
+    cut = bounded_region_end(plan, end, ratio, max_rows, max_staged=100)
+    assert plan.prefix_tokens <= cut <= end
+    assert region_work(plan, cut, ratio) <= max_rows
+    assert not any(b.placed.start < cut < b.placed.end for b in plan.loaded)
+    if region_work(plan, end, ratio) <= max_rows:
+        assert cut == end  # fits: not cut
+    else:  # the longest that fits, up to the start of the block it would cut
+        assert region_work(plan, cut + 1, ratio) > max_rows or any(b.placed.start == cut for b in plan.loaded)
+
+
+def test_a_bounded_region_stages_at_most_its_share_of_loaded_tokens():
+    plan = plan_for([6, 10], 20, {0, 1, 2, 3, 4})  # everything loaded but the question
+    assert bounded_region_end(plan, 19, 0.0, max_rows=100, max_staged=10) == 10  # [0,4) [4,6) [6,10)

@@ -122,7 +122,10 @@ def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
     assert side.get_num_new_matched_tokens(b, 0) == (None, False)  # 10 + 10 > 12: vLLM keeps it queued
     assert side.stats.data["blend_deferrals"] == 1
     step(side, [first], {"a": 1})  # the step ends: its Blend work starts from zero again
+    lookups = []
+    side.store.lookup = lambda keys, _real=side.store.lookup: lookups.append(keys) or _real(keys)
     assert side.get_num_new_matched_tokens(b, 0) == (21, False)
+    assert not lookups  # a deferred request keeps its plan
     salted = list(b.block_hashes)
     side._restore_hashes(b)  # salted from the originals, not twice
     assert b.block_hashes == original_b
@@ -132,11 +135,22 @@ def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
     assert b.block_hashes == original_b
 
 
-def test_a_steps_first_blend_request_goes_whatever_its_work(tmp_path):
-    side = side_for(tmp_path, max_step_tokens=1)
+def test_a_region_with_more_work_than_the_cap_is_cut_to_fit(tmp_path):
+    """Work of the whole region: 2 question rows + ceil(0.5 * 19) = 12 > 6. The longest region
+    within 6 rows ends at 12, inside the block [10, 13): cut at 10, never through a loaded block;
+    vLLM's chunked prefill computes the rest."""
+    side = side_for(tmp_path, max_step_tokens=6)
     req = request(side, "a", prompt(1))
     store_chunks(side, req.prompt_token_ids)
-    assert side.get_num_new_matched_tokens(req, 0) == (21, False)
+    assert side.get_num_new_matched_tokens(req, 0) == (10, False)
+    meta, _ = step(side, [admit(side, req, 10)], {"a": 12})
+    (s,) = meta.requests
+    assert s.blend.end == 10 and all(ld.start + ld.num_tokens <= 10 for ld in s.chunk_loads)
+    assert side.request_finished(req)["ucm"]["fallback"] == "region_cut"
+    assert side.stats.data["blend_fallbacks_region_cut"] == 1
+    tiny = side_for(tmp_path, max_step_tokens=1)  # not even one loaded block fits: vLLM computes it all
+    req = request(tiny, "b", prompt(1))
+    assert tiny.get_num_new_matched_tokens(req, 0) == (0, False)
 
 
 @pytest.mark.parametrize("runner", ["v1", "v2"])

@@ -129,6 +129,30 @@ def region_hit_share(plan: BlendPlan, end: int) -> float:
     return sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded) / region
 
 
+def bounded_region_end(plan: BlendPlan, end: int, ratio: float, max_rows: int, max_staged: int) -> int:
+    """The largest region end <= ``end`` whose Blend work fits one step: at most ``max_rows`` rows
+    run through the later layers (``region_work``) and at most ``max_staged`` loaded tokens staged.
+
+    The tokens after it are left to the engine's own chunked prefill, so no request turns into one
+    step of unbounded size. Both sizes only grow with the end, hence a bisection.
+    """
+
+    def fits(e: int) -> bool:
+        loaded = sum(max(0, min(b.placed.end, e) - b.placed.start) for b in plan.loaded)
+        return loaded <= max_staged and region_work(plan, e, ratio) <= max_rows
+
+    if fits(end):
+        return end
+    lo, hi = plan.prefix_tokens, end  # fits(lo): an empty region
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    for b in plan.loaded:  # never cut through a loaded block: it is placed whole or not at all
+        if b.placed.start < lo < b.placed.end:
+            lo = b.placed.start
+    return lo
+
+
 def region_work(plan: BlendPlan, end: int, ratio: float) -> int:
     """Rows the Blend forward runs through the later layers for a region ending at ``end``: the
     tokens without loaded KV there (misses) and the recomputed share of the loaded ones."""

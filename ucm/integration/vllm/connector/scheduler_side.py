@@ -27,7 +27,8 @@ from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, Blo
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
-from ucm.sparse.blend.plan import BlendPlan, blend_region_end, build_plan, region_hit_share, region_work
+from ucm.sparse.blend.plan import (BlendPlan, blend_region_end, bounded_region_end, build_plan, region_hit_share,
+                                   region_work)
 from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
                                          kv_shift_share)
 from ucm.store.keys import KeyKind, shard_key, store_key
@@ -46,6 +47,9 @@ REPORT_KEY = "ucm"
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
+# A step stages at most this many loaded tokens per row of its Blend cap (max_step_tokens): at ratio
+# 0.15 a region of loaded chunks alone needs about 1 / 0.15 = 6.7.
+STAGED_PER_ROW = 8
 # A submitted dump no worker answered for this long is forgotten (the workers give up after dump_timeout_s).
 PENDING_DUMP_SECONDS = 300.0
 
@@ -64,6 +68,7 @@ class _RequestState:
     chunk_start_tokens: int = 0
     kv_shift: float = 0.0  # share of the chunk-mean error the reused KV is moved by
     work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
+    staged: int = 0  # loaded tokens its region stages
     block_ids: list[int] = field(default_factory=list)
     num_external: int = 0
     admitted: bool = False  # blocks allocated: a later lookup means it was preempted
@@ -96,6 +101,7 @@ class SchedulerSide:
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
         self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens else step_budget)
         self._step_work = 0  # committed this step (admitted blend requests)
+        self._step_staged = 0  # loaded tokens staged this step (admitted blend requests)
         self.store = store
         self.namespace = namespace
         self.block_size = block_size
@@ -109,6 +115,7 @@ class SchedulerSide:
         self._confirmed: dict[bytes, int] = {}  # ranks that confirmed a pending dump so far
         self._awaited = False  # the current lookup missed a block whose dump is pending
         self._waiting: dict[str, float] = {}  # req_id -> when it started waiting for pending dumps
+        self._deferred: dict[str, tuple[int, _RequestState]] = {}  # deferred at the cap: (computed, plan)
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self._lookup_timeouts = 0  # the store's count when last read
         serving = os.environ.get(API_SERVER_ENV) == "1"
@@ -235,8 +242,34 @@ class SchedulerSide:
         resumed = self._resumed.get(request.request_id)
         if resumed is None and (request.num_computed_tokens > 0 or request.num_tokens > len(tokens)):
             return 0, False  # resumed without a plan of ours: vLLM's own cache handles it
-        self._restore_hashes(request)  # a request deferred last step is planned afresh
+        held = self._deferred.pop(request.request_id, None)
+        if held is not None and held[0] == num_computed_tokens:
+            state = held[1]  # deferred at the step cap: it keeps its plan (no new lookups)
+        else:
+            state = self._plan(request, num_computed_tokens, resumed)
+            if state is None:
+                return None, False
+        if state.blending:
+            if self._step_work and (self._step_work + state.work > self.step_cap
+                                    or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap):
+                self.stats.add("blend_deferrals")
+                self._deferred[request.request_id] = (num_computed_tokens, state)
+                return None, False  # this step's Blend work is full: next step (vLLM keeps its place)
+            first_approx = state.plan.first_approximate_token
+            if first_approx is not None:
+                state.exact_limit = first_approx
+                self._salt_hashes(request, first_approx // self.block_size, state.preemptions)
+        elif resumed is not None:
+            self._fall_back(state, "preempted")  # its chunk KV is gone from the store: computed in full
+        self._states[request.request_id] = state
+        return state.blend_end - num_computed_tokens if state.blending else state.prefix_external, False
+
+    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> _RequestState | None:
+        """Look the request up (exact prefix, then chunk blocks) and choose its Blend region; None
+        when it should wait for dumps of blocks it needs that this engine is still writing."""
+        self._restore_hashes(request)
         self._awaited = False
+        tokens = request.prompt_token_ids
         bs = self.block_size
         prompt_len = len(tokens)
         num_full = prompt_len // bs
@@ -246,6 +279,9 @@ class SchedulerSide:
         hits = 0
         params, refused = self.request_params(request)
         use_prefix = params.get(EXACT_PREFIX_PARAM, True) is not False
+        # vLLM computes every prompt token of these (its own prefix cache skips them too).
+        wants_prompt_logprobs = getattr(getattr(request, "sampling_params", None), "prompt_logprobs", None) is not None
+        use_prefix &= not wants_prompt_logprobs
         while use_prefix and first + hits < num_full and exact_stored[first + hits]:
             hits += 1
         external = hits * bs
@@ -254,14 +290,14 @@ class SchedulerSide:
         prefix_tokens = num_computed_tokens + external
 
         plan = None
-        layout = self.chunk_layout(request, params)
+        layout = None if wants_prompt_logprobs else self.chunk_layout(request, params)
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup, isolation_of(request))
         if self._awaited:  # blocks it needs are being written by this engine: wait for them a little
             since = self._waiting.setdefault(request.request_id, time.monotonic())
             if time.monotonic() - since < DUMP_WAIT_SECONDS:
                 self.stats.add("dump_waits")
-                return None, False
+                return None
         self._waiting.pop(request.request_id, None)
         state = _RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
         if resumed is not None:
@@ -272,23 +308,20 @@ class SchedulerSide:
             if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
                 state.fallback = "few_hits"  # vLLM computes it; counted at its first step
             else:
-                state.blend_end = end
+                ratio = self._ratio(request, params)
+                # A region with more work than one step's cap is cut; vLLM's chunked prefill does the rest.
+                state.blend_end = bounded_region_end(plan, end, ratio, self.step_cap, STAGED_PER_ROW * self.step_cap)
+                if state.blend_end < end:
+                    state.fallback = "region_cut"  # counted at its first step
+                if not any(b.placed.start < state.blend_end for b in plan.loaded):
+                    state.blend_end = plan.prefix_tokens  # nothing loaded left in it: vLLM computes it all
         if state.blending:
-            state.ratio, state.selection = self._ratio(request, params), self._selection(request, params)
+            state.ratio, state.selection = ratio, self._selection(request, params)
             state.chunk_start_tokens = self._chunk_start_tokens(request, params, state.selection)
             state.kv_shift = self._kv_shift(request, params)
             state.work = region_work(plan, state.blend_end, state.ratio)
-            if self._step_work and self._step_work + state.work > self.step_cap:
-                self.stats.add("blend_deferrals")
-                return None, False  # this step's Blend work is full: next step (vLLM keeps its place)
-            first_approx = plan.first_approximate_token
-            if first_approx is not None:
-                state.exact_limit = first_approx
-                self._salt_hashes(request, first_approx // bs, state.preemptions)
-        elif resumed is not None:
-            self._fall_back(state, "preempted")  # its chunk KV is gone from the store: computed in full
-        self._states[request.request_id] = state
-        return state.blend_end - num_computed_tokens if state.blending else external, False
+            state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
+        return state
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
         state = self._states.get(request.request_id)
@@ -300,6 +333,7 @@ class SchedulerSide:
         state.num_external = num_external_tokens
         if state.blending:
             self._step_work += state.work
+            self._step_staged += state.staged
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
         meta = UCMConnectorMetadata()
@@ -338,7 +372,7 @@ class SchedulerSide:
         if any(r.prefix_loads or r.chunk_loads or r.blend for r in meta.requests):
             # Loads must land before this step's forward (vLLM then calls start_load_kv first).
             scheduler_output.has_sync_kv_loads = True
-        self._step_work = 0
+        self._step_work = self._step_staged = 0
         return meta
 
     def request_finished(self, request: Request) -> dict | None:
@@ -347,6 +381,7 @@ class SchedulerSide:
         self._originals.pop(request.request_id, None)
         self._resumed.pop(request.request_id, None)
         self._waiting.pop(request.request_id, None)
+        self._deferred.pop(request.request_id, None)
         if state is None:
             return None
         plan = state.plan
@@ -387,8 +422,8 @@ class SchedulerSide:
                 self.stats.add("request_params_refused")
                 logger.warning("request %s: ignoring %s (not allowed by ucm_sparse_config.Blend.request_params / "
                                "allow_oracle)", state.request.request_id, ", ".join(state.refused))
-            if state.fallback == "few_hits":
-                self._fall_back(state, "few_hits")
+            if state.fallback in ("few_hits", "region_cut"):
+                self._fall_back(state, state.fallback)
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
         hashes = self._original_hashes(state.request)

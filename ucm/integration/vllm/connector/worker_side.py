@@ -80,6 +80,7 @@ class _PendingDump:
     task: Task
     keys: list[StoreKey]  # the blocks' keys as the scheduler knows them (this rank's shard is stored)
     buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive until the store is done
+    nbytes: int = 0
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
@@ -111,6 +112,11 @@ class WorkerSide:
         # Requests whose KV may be wrong (a failed load, a Blend region never run): nothing of theirs
         # is dumped until they finish.
         self._untrusted: set[str] = set()
+        # Dumps handed to the store and not yet written, in bytes, and the most allowed: beyond it a
+        # step's dumps are dropped (counted) rather than queued without bound under cold traffic.
+        self._pending_bytes = 0
+        config = getattr(store, "config", None)
+        self.dump_queue_bytes = int(getattr(config, "dump_queue_mb", 1024.0) * (1 << 20))
         self._blend_step: BlendStep | None = None
         self._staging_buf: torch.Tensor | None = None
         self._rope_buf: torch.Tensor | None = None
@@ -153,6 +159,7 @@ class WorkerSide:
                              f"{len(names)} attention layers")
         self._token_shape = (len(names), 2, attn.num_kv_heads, attn.head_size)
         self._dtype = self.caches[0].dtype
+        self.token_bytes = len(names) * 2 * attn.num_kv_heads * attn.head_size * self._dtype.itemsize
         self._device = self.caches[0].device
 
     def check_blend_forward(self) -> None:
@@ -360,10 +367,17 @@ class WorkerSide:
         dumps = [(req, d) for req in meta.requests if req.req_id not in self._untrusted for d in req.dumps]
         if not dumps:
             return
+        self._reap_dumps(block=False)
+        nbytes = sum(d.num_tokens for _, d in dumps) * self.token_bytes
+        if self._pending and self._pending_bytes + nbytes > self.dump_queue_bytes:
+            self.stats.add("dumps_dropped", len(dumps))
+            self._report.not_stored.update(d.key for _, d in dumps)
+            return
         buffers = [self._gather(req, d) for req, d in dumps]
         task = self.store.dump([self.store_key(d.key) for _, d in dumps], [_bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])
-        self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers))
+        self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
+        self._pending_bytes += nbytes
         self.stats.add("dumped_blocks", len(dumps))
         self.stats.add("dump_bytes", sum(b.numel() * b.element_size() for b in buffers))
 
@@ -395,6 +409,7 @@ class WorkerSide:
             if block or self.store.check(p.task):
                 ok = self.store.wait(p.task)
                 failed = len(ok) - sum(ok)
+                self._pending_bytes -= p.nbytes
                 for key, good in zip(p.keys, ok):
                     if good:
                         self._report.stored[key] = 1

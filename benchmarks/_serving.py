@@ -27,8 +27,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def blend_config(store: str, ratio: float, request_params: list[str], capacity_gb: float | None = None) -> dict:
-    """The README's connector config: one UcmNfsStore in `store`, Blend at `ratio` on layer 1."""
+def blend_config(store: str, ratio: float, request_params: list[str], capacity_gb: float | None = None,
+                 blend_extra: dict | None = None) -> dict:
+    """The README's connector config: one UcmNfsStore in `store`, Blend at `ratio` on layer 1
+    (`blend_extra`: more ucm_sparse_config.Blend keys)."""
     store_config: dict = {"storage_backends": store}
     if capacity_gb:
         store_config["capacity_gb"] = capacity_gb
@@ -38,13 +40,18 @@ def blend_config(store: str, ratio: float, request_params: list[str], capacity_g
                                         "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio,
                                                                                          "kv_shift": KV_SHIFT_DEFAULT}},
                                         # what the benchmark's clients set per request (the operator's call)
-                                        "request_params": request_params}}}}
+                                        "request_params": request_params, **(blend_extra or {})}}}}
 
 
-def start_server(model: str, port: int, extra: list[str], log, ktc: dict | None) -> subprocess.Popen:
+def start_server(model: str, port: int, extra: list[str], log, ktc: dict | None,
+                 env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """`ucm-vllm serve` in a session of its own (stop_server ends the group). ktc None: plain vLLM,
-    no connector and vLLM's own model classes."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    no connector and vLLM's own model classes. env_extra: set in the server's environment (over ours)."""
+    # vLLM reserves one core for its scheduler, and one more when a KV connector is configured; on
+    # 2 cores that leaves plain vLLM one compute core and a connector's server both (it reserves
+    # none when the count reaches the total). Same cores for every server: none reserved.
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"), **(env_extra or {})}
     kv = ["--kv-transfer-config", json.dumps(ktc)] if ktc is not None else []
     if ktc is None:
         env["UCM_BLEND_NO_MODELS"] = "1"

@@ -174,7 +174,29 @@ STUDY_RUNS = [
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
+# RAG request streams against plain vLLM (benchmarks/rag_traffic.py): (file, title, command, file whose plain
+# runs a Blend-only run is compared with: the same stream and plain server)
+TRAFFIC_RUNS = [
+    ("rag_traffic_zipf_cap4x.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no indexing "
+     "(the default step cap, 4 x the budget)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --blend-config "
+     "'{\"max_step_tokens\": 8192}' --out benchmarks/results/rag_traffic_zipf_cap4x.json", "rag_traffic_zipf_cap1x.json"),
+    ("rag_traffic_zipf_cap1x.json", "The same stream, step cap 1 x the budget (regions cut to 2048 rows)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --blend-config '{\"max_step_tokens\": 2048}' "
+     "--out benchmarks/results/rag_traffic_zipf_cap1x.json", None),
+    ("rag_traffic_fresh.json", "RAG stream with no reuse: no passage sent twice",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --blend-config "
+     "'{\"max_step_tokens\": 8192}' --out benchmarks/results/rag_traffic_fresh.json", None),
+    ("rag_traffic_zipf_unequal_cores.json", "The Zipf stream with vLLM's own core reservation (plain vLLM computes "
+     "on 1 core, the connector's server on 2: not a fair comparison)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --blend-config "
+     "'{\"max_step_tokens\": 2048}' --out benchmarks/results/rag_traffic_zipf_unequal_cores.json, before the "
+     "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
+]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py")
+HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
+                     "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
+                     "after indexing: its Blend times include waiting for the indexing dumps, most at k = 7)")
 
 
 def _ci(row: dict, key: str, fmt: str) -> str:
@@ -232,6 +254,48 @@ def serve_table(data: dict) -> str:
                      f"{off['requests_per_s']:.3f} | {on['requests_per_s'] / off['requests_per_s']:.2f}x | "
                      f"{on.get('same_answers_as_concurrency_1', '-')}/{on['requests']} |")
     return "\n".join(lines)
+
+
+def hit_threshold_table(data: dict) -> list[str]:
+    """Blend against full prefill, one request alone, per number of passages cached (medians over questions)."""
+    import statistics
+
+    lines = ["| passages cached | hit share | Blend TTFT | full prefill TTFT | speed-up |", "|---|---|---|---|---|"]
+    for k in sorted({r["passages_cached"] for r in data["rows"]}):
+        rows = [r for r in data["rows"] if r["passages_cached"] == k]
+        b, f = statistics.median(r["blend_s"] for r in rows), statistics.median(r["full_s"] for r in rows)
+        lines.append(f"| {k} | {statistics.median(r['hit_share'] for r in rows):.2f} | {b:.2f} s | {f:.2f} s | {f / b:.2f}x |")
+    n = len({r["question"] for r in data["rows"]})
+    return [f"{n} questions, ratio {data['config']['ratio']}, {data['config']['dtype']}, `min_hit_share` 0 (blended "
+            "whatever the hits), one request at a time, wall time of a 1-token generate.", "", *lines]
+
+
+def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
+    """One row per server and load of a rag_traffic.py run, then Blend's speed-up per load; a
+    Blend-only run is compared with the plain runs of `baseline` (the same stream)."""
+    if baseline is not None and not any(r["server"] == "plain" for r in data["runs"]):
+        data = {**data, "runs": [r for r in baseline["runs"] if r["server"] == "plain"] + data["runs"]}
+        plain = {r["load"]: r["summary"] for r in data["runs"] if r["server"] == "plain"}
+        data["speedup"] = {r["load"]: {"requests_per_s": r["summary"]["requests_per_s"] / plain[r["load"]]["requests_per_s"],
+                                       "ttft_p50": plain[r["load"]]["ttft_p50_s"] / r["summary"]["ttft_p50_s"]}
+                           for r in data["runs"] if r["server"] == "blend" and r["load"] in plain}
+    lines = ["| server | load | requests/s | TTFT p50 / p90 | TTFT p50 of high-hit requests (n) | chunk blocks hit | "
+             "blended | fallbacks |", "|---|---|---|---|---|---|---|---|"]
+    for run in data["runs"]:
+        s = run["summary"]
+        high = s.get("high_hit_ttft_p50_s")
+        hits = "-" if s.get("chunk_hit_rate") is None else f"{s['chunk_hit_rate']:.0%}"
+        fallbacks = ", ".join(f"{k.removeprefix('blend_fallbacks_')} {v}" for k, v in s.get("fallbacks", {}).items())
+        lines.append(f"| {run['server']} | {run['load']} | {s['requests_per_s']:.3f} | {s['ttft_p50_s']:.2f} / "
+                     f"{s['ttft_p90_s']:.2f} s | {'-' if high is None else f'{high:.2f} s'} ({s['high_hit_requests']}) "
+                     f"| {hits} | {s['blended_share']:.0%} | {fallbacks or '-'} |")
+    c = data["config"]
+    head = (f"{c['num_requests']} requests, {data['dataset']}, ~{data['mean_prompt_tokens']:.0f}-token prompts, "
+            f"ratio {data['ratio']}, {data['dtype']}; high-hit: >= 80% of a request's chunk blocks hit on the Blend "
+            "run (the same requests on plain).")
+    gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50."
+             for load, x in data.get("speedup", {}).items()]
+    return [head, "", *lines, "", *gains]
 
 
 def headline() -> str:
@@ -363,6 +427,13 @@ def results_page() -> str:
                 f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data), ""]
     else:
         out += ["(not run)", ""]
+    for name, title, command, base in TRAFFIC_RUNS:
+        baseline = json.loads((RESULTS / base).read_text()) if base and (RESULTS / base).is_file() else None
+        note = f" Plain vLLM's rows: `{base}` (the same stream)." if base else ""
+        out += _section(title, f"`{command}`{note}", name, lambda data: traffic_table(data, baseline))
+    name, command = HIT_THRESHOLD_RUN
+    out += _section("Where Blend pays: one request, k of 10 passages cached", f"`{command}`", name,
+                    hit_threshold_table)
     name, command = FAULTS_RUN
     out += ["## Store under faults", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
     path = RESULTS / name

@@ -19,12 +19,28 @@ share, TTFT p50/p90 overall and of high-hit requests (>= 80% of chunk blocks hit
 the same requests on plain), requests/s, wall time, store bytes written and read, fallbacks, the
 store's size at the end and the blocks dumped but not in it (evicted, refused, or dumped twice at
 once); JSON as it goes, a PNG of TTFT over time, and Blend's speed-up over plain.
+
+--instances N (two instances, one store): each server is N `ucm-vllm serve` instances, each on its
+own port; Blend's all use the same store directory, plain's each keep their own prefix cache. The
+stream goes round robin from the one client at the same load: request k to instance k % N (--index
+too: the k-th passage alone to instance k % N). With N > 1, instance i's worker threads are bound
+to the i % C-th of the C cores this process may run on (VLLM_CPU_OMP_THREADS_BIND, one core each;
+N = 1 keeps vLLM's automatic binding). Each record says its instance; each run reports chunk hit
+rate and vLLM's cached share per instance, and, to approximate cross-instance hits (chunk blocks an
+instance loads that another one dumped; the store does not say who wrote a block), counts from the
+stream and the routing alone, per request: its passages (by passage id) sent before it, in stream
+order, only ever to other instances (passages_first_seen_elsewhere); the run reports their total,
+how many requests have any, and the chunk hit rate of those requests against the rest. Earlier in
+stream order is not always finished: at concurrency c up to c - 1 earlier requests may still be
+running, their KV not yet stored, so this over-counts. Store traffic counters are summed over the
+instances.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -77,12 +93,20 @@ def parse_args(argv=None):
     p.add_argument("--servers", type=_list(str), default=",".join(SERVERS), help="comma-separated: plain, blend")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
     p.add_argument("--seed", type=int, default=0, help="of the stream and the arrival times")
+    p.add_argument("--blend-config", default="{}",
+                   help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="instances per server (Blend's on one store), requests round robin: request k to "
+                        "instance k %% N; N > 1: instance i's worker threads on core i %% (cores we may use) "
+                        "(VLLM_CPU_OMP_THREADS_BIND, replacing any set)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON; the PNG and server logs go beside it")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
     args = p.parse_args(argv)
     if unknown := set(args.servers) - set(SERVERS):
         p.error(f"unknown --servers {', '.join(sorted(unknown))}")
+    if args.instances < 1:
+        p.error("--instances must be at least 1")
     return args
 
 
@@ -158,6 +182,39 @@ def _fresh_stream(rng, questions, num_requests, noise) -> list[Request]:
     return stream
 
 
+def routing(num_requests: int, instances: int) -> list[int]:
+    """The instance of each request: round robin in stream order, request k to instance k % instances."""
+    return [k % instances for k in range(num_requests)]
+
+
+def passages_first_seen_elsewhere(requests, routes) -> list[int]:
+    """Per request (its passage ids, sent to instance routes[k]): how many of its distinct passages
+    were sent before it, in this order, but never to its own instance. A passage new to the stream,
+    or sent to its instance before, is not counted."""
+    sent_to: dict[int, set[int]] = {}  # passage id -> instances it was sent to
+    counts = []
+    for passages, instance in zip(requests, routes, strict=True):
+        distinct = set(passages)
+        counts.append(sum(1 for p in distinct if p in sent_to and instance not in sent_to[p]))
+        for p in distinct:
+            sent_to.setdefault(p, set()).add(instance)
+    return counts
+
+
+def stream_passages(stream) -> list[int]:
+    """Every passage id of the stream once, in order of first use (the --index order)."""
+    return list(dict.fromkeys(p for req in stream for p in req.passages))
+
+
+def core_binding(instances: int, cpus) -> list[dict[str, str]]:
+    """Extra environment of each instance: none for one instance (vLLM binds automatically), else
+    instance i's worker threads on cpus[i % len(cpus)]."""
+    if instances == 1:
+        return [{}]
+    cpus = sorted(cpus)
+    return [{"VLLM_CPU_OMP_THREADS_BIND": str(cpus[i % len(cpus)])} for i in range(instances)]
+
+
 def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
     """Poisson arrivals: n send times (s) with exponential gaps of mean 1 / rate."""
     rng = random.Random(seed)
@@ -183,14 +240,16 @@ async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int
             "fallback": report.get("fallback"), "text": out["choices"][0]["text"]}
 
 
-async def run_stream(http, model, prompts, salt, blend, max_tokens, level, seed, on_record) -> float:
-    """Every prompt in order, at fixed concurrency or at its Poisson arrival time; the wall time."""
+async def run_stream(clients, model, prompts, salt, blend, max_tokens, level, seed, on_record) -> float:
+    """Every prompt in order, at fixed concurrency or at its Poisson arrival time, prompt i to
+    clients[i % len(clients)]; the wall time."""
     kind, value = level
     start = time.perf_counter()
+    routes = routing(len(prompts), len(clients))
 
     async def one(i):
         sent = time.perf_counter() - start
-        rec = await send(http, model, prompts[i], salt, blend, max_tokens)
+        rec = await send(clients[routes[i]], model, prompts[i], salt, blend, max_tokens)
         on_record({"i": i, "start_s": sent, **rec, "end_s": time.perf_counter() - start})
 
     if kind == "concurrency":  # `value` workers take the prompts in order
@@ -210,11 +269,23 @@ async def run_stream(http, model, prompts, salt, blend, max_tokens, level, seed,
     return time.perf_counter() - start
 
 
+def sum_counters(urls) -> dict[str, float]:
+    """The connector's counters summed over instances."""
+    out: dict[str, float] = {}
+    for url in urls:
+        for k, v in counters(url).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
 def store_summary(before: dict, after: dict, store: str | None) -> dict:
     """The run's store traffic and fallbacks (/metrics deltas) and the store's blocks at its end."""
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
     files = list(Path(store).rglob("*.kvb")) if store else []
     return {"dump_bytes": int(delta.get("dump_bytes", 0)), "load_bytes": int(delta.get("load_bytes", 0)),
+            # worker time: before the forward (loads), after it (dumps); scheduler time in lookups
+            "load_s": delta.get("load_ms", 0.0) / 1000, "dump_s": delta.get("dump_ms", 0.0) / 1000,
+            "lookup_s": delta.get("lookup_ms", 0.0) / 1000,
             "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_") and v},
             "store_bytes": sum(f.stat().st_size for f in files), "store_blocks": len(files),
             # blocks dumped since the server started less those in the store: evicted, refused under
@@ -226,7 +297,28 @@ def high_hit_requests(records) -> set[int]:
     return {r["i"] for r in records if r["chunk_blocks"] and r["chunk_hit_blocks"] >= HIGH_HIT * r["chunk_blocks"]}
 
 
-def summarize(records, wall_s: float, high_hit: set[int] | None) -> dict:
+def hit_rate(records) -> float | None:
+    """Chunk blocks hit / chunk blocks; None without chunk blocks."""
+    blocks = sum(r["chunk_blocks"] for r in records)
+    return sum(r["chunk_hit_blocks"] for r in records) / blocks if blocks else None
+
+
+def instance_summary(records, instances: int) -> dict:
+    """Per instance: chunk hit rate and vLLM's cached share; the passages first seen elsewhere (see
+    passages_first_seen_elsewhere) and the chunk hit rate of the requests with some, and of the rest."""
+    by = [[r for r in records if r.get("instance", 0) == i] for i in range(instances)]
+    elsewhere = [r for r in records if r.get("passages_first_seen_elsewhere", 0)]
+    rest = [r for r in records if not r.get("passages_first_seen_elsewhere", 0)]
+    return {"instances": instances, "chunk_hit_rate_per_instance": [hit_rate(rs) for rs in by],
+            "vllm_cached_share_per_instance": [sum(r["cached_tokens"] or 0 for r in rs) /
+                                               sum(r["prompt_tokens"] for r in rs) if rs else None for rs in by],
+            "passages_first_seen_elsewhere": sum(r["passages_first_seen_elsewhere"] for r in elsewhere),
+            "requests_first_seen_elsewhere": len(elsewhere),
+            "first_seen_elsewhere_chunk_hit_rate": hit_rate(elsewhere),
+            "other_requests_chunk_hit_rate": hit_rate(rest)}
+
+
+def summarize(records, wall_s: float, high_hit: set[int] | None, instances: int = 1) -> dict:
     ttft = [r["ttft_s"] for r in records]
     high = [r["ttft_s"] for r in records if high_hit is not None and r["i"] in high_hit]
     blocks, tokens = sum(r["chunk_blocks"] for r in records), sum(r["prompt_tokens"] for r in records)
@@ -236,7 +328,8 @@ def summarize(records, wall_s: float, high_hit: set[int] | None) -> dict:
             "high_hit_ttft_p90_s": percentile(high, 0.9) if high else None,
             "chunk_hit_rate": sum(r["chunk_hit_blocks"] for r in records) / blocks if blocks else None,
             "blended_share": sum(r["blended"] for r in records) / len(records),
-            "vllm_cached_share": sum(r["cached_tokens"] or 0 for r in records) / tokens}
+            "vllm_cached_share": sum(r["cached_tokens"] or 0 for r in records) / tokens,
+            **instance_summary(records, instances)}
 
 
 def finish(results: dict) -> None:
@@ -245,10 +338,15 @@ def finish(results: dict) -> None:
     for (server, load), run in runs.items():
         blend = runs.get(("blend", load))
         run["summary"].update(summarize(run["records"], run["wall_s"],
-                                        high_hit_requests(blend["records"]) if blend else None))
+                                        high_hit_requests(blend["records"]) if blend else None,
+                                        results["config"].get("instances", 1)))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
                                  "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
                           for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def print_table(results: dict) -> None:
@@ -265,6 +363,16 @@ def print_table(results: dict) -> None:
               f"{s['blended_share']:.0%} | {sum(s.get('fallbacks', {}).values())} | {mb} |")
     for load, x in results["speedup"].items():
         print(f"blend over plain at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50")
+    for run in results["runs"]:
+        s = run["summary"]
+        if s.get("instances", 1) > 1:
+            print(f"{run['server']} {run['load']}: chunk hits per instance "
+                  f"{' / '.join(_pct(x) for x in s['chunk_hit_rate_per_instance'])}, vLLM cached per instance "
+                  f"{' / '.join(_pct(x) for x in s['vllm_cached_share_per_instance'])}; "
+                  f"{s['passages_first_seen_elsewhere']} passages first seen on another instance in "
+                  f"{s['requests_first_seen_elsewhere']} requests: their chunk hits "
+                  f"{_pct(s['first_seen_elsewhere_chunk_hit_rate'])} (other requests "
+                  f"{_pct(s['other_requests_chunk_hit_rate'])})")
 
 
 def plot(results: dict, png: Path) -> None:
@@ -293,18 +401,29 @@ def build_prompts(tokenizer, examples, pool, stream):
     built = [build_prompt(tokenizer, replace(examples[r.question], passages=tuple(pool[p] for p in r.passages)),
                           marker) for r in stream]
     prompts, index = [(p.token_ids, list(p.chunk_lengths)) for p in built], []
-    for p in dict.fromkeys(p for req in stream for p in req.passages):
+    for p in stream_passages(stream):
         alone = build_prompt(tokenizer, replace(examples[0], passages=(pool[p],)), marker)
         sys_len, n = alone.chunk_lengths
         index.append((alone.token_ids[sys_len:sys_len + n], [n]))
     return prompts, index
 
 
-async def serve_runs(server, url, prompts, index, stream, args, levels, results, out, store) -> None:
+def elsewhere_counts(stream, instances: int, index: bool) -> list[int]:
+    """passages_first_seen_elsewhere of each request of the stream (after the --index requests)."""
+    first = [(p,) for p in stream_passages(stream)] if index else []
+    requests = first + [r.passages for r in stream]
+    counts = passages_first_seen_elsewhere(requests, routing(len(first), instances) + routing(len(stream), instances))
+    return counts[len(first):]
+
+
+async def serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store) -> None:
     import httpx
 
-    async with httpx.AsyncClient(base_url=url, timeout=900) as http:
-        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+    routes = routing(len(stream), len(urls))
+    elsewhere = elsewhere_counts(stream, len(urls), args.index)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=900)) for url in urls]
+        model = (await clients[0].get("/v1/models")).json()["data"][0]["id"]
         for level in levels:
             load = f"{'c' if level[0] == 'concurrency' else 'r'}={level[1]:g}"
             salt, blend = f"{TENANT}-{load}", server == "blend"
@@ -312,18 +431,19 @@ async def serve_runs(server, url, prompts, index, stream, args, levels, results,
             results["runs"].append(run)
             if args.index:
                 t = time.perf_counter()
-                await run_stream(http, model, index, salt, blend, 1, ("concurrency", 2), 0, lambda rec: None)
+                await run_stream(clients, model, index, salt, blend, 1, ("concurrency", 2), 0, lambda rec: None)
                 run["index_wall_s"] = time.perf_counter() - t
-            before = counters(url)
+            before = sum_counters(urls)
 
             def on_record(rec):
-                req = stream[rec["i"]]
-                run["records"].append({**rec, "question": req.question, "noise": len(req.noise)})
+                i, req = rec["i"], stream[rec["i"]]
+                run["records"].append({**rec, "question": req.question, "noise": len(req.noise),
+                                       "instance": routes[i], "passages_first_seen_elsewhere": elsewhere[i]})
                 out.write_text(json.dumps(results, indent=1))
 
-            run["wall_s"] = await run_stream(http, model, prompts, salt, blend, args.max_tokens, level, args.seed,
+            run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level, args.seed,
                                              on_record)
-            run["summary"] = store_summary(before, counters(url), store)
+            run["summary"] = store_summary(before, sum_counters(urls), store)
             finish(results)
             s = run["summary"]
             print(f"{server} {load}: {s['requests_per_s']:.3f} req/s, TTFT p50 {s['ttft_p50_s']:.2f} s, "
@@ -339,7 +459,8 @@ def main(argv=None) -> int:
 
     model = args.model or str(prepare())
     tokenizer = AutoTokenizer.from_pretrained(model)
-    needed = fresh_questions_needed(args.num_requests, args.noise, args.passages) if args.fresh else args.questions
+    # fresh: questions sharing a passage with an earlier one are skipped (MuSiQue's often do), so load spares
+    needed = 3 * fresh_questions_needed(args.num_requests, args.noise, args.passages) if args.fresh else args.questions
     dataset, examples = load_examples(args.generated, needed, passages=args.passages, passage_words=args.passage_words)
     examples = [replace(ex, passages=ex.passages[:args.passages]) for ex in examples]
     pool, questions = passage_pool(examples)
@@ -352,18 +473,30 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    envs = core_binding(args.instances, os.sched_getaffinity(0))
     for server in args.servers:
         store = tempfile.mkdtemp(prefix="ucm-rag-traffic-") if server == "blend" else None
-        ktc = blend_config(store, RATIO, ["ucm_chunk_lengths"], args.capacity_gb) if store else None
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with open(out.with_suffix(f".{server}.log"), "w") as log:
-            proc = start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc)
+        ktc = blend_config(store, RATIO, ["ucm_chunk_lengths"], args.capacity_gb,
+                           json.loads(args.blend_config)) if store else None
+        ports: list[int] = []
+        while len(ports) < args.instances:
+            if (port := free_port()) not in ports:
+                ports.append(port)
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        with contextlib.ExitStack() as stack:
+            procs = []
             try:
-                wait_healthy(url, proc)
-                asyncio.run(serve_runs(server, url, prompts, index, stream, args, levels, results, out, store))
+                for i, port in enumerate(ports):  # one log per instance: .blend.log, or .blend.0.log, ...
+                    log = stack.enter_context(open(out.with_suffix(
+                        f".{server}.log" if args.instances == 1 else f".{server}.{i}.log"), "w"))
+                    procs.append(start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc, envs[i]))
+                for url, proc in zip(urls, procs):
+                    wait_healthy(url, proc)
+                asyncio.run(serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store))
             finally:
-                stop_server(proc)
+                for proc in procs:
+                    with contextlib.suppress(ProcessLookupError):  # one already gone: stop the others
+                        stop_server(proc)
                 if store:
                     shutil.rmtree(store, ignore_errors=True)
     print_table(results)

@@ -207,7 +207,7 @@ class BlendConfig:
     kv_shift: float = KV_SHIFT_DEFAULT
     # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
     # blended region and the recomputed share), summed over the requests blended in one step;
-    # None: vLLM's max_num_batched_tokens. A step's first blend request always goes.
+    # None: 4 x vLLM's max_num_batched_tokens. A region with more is cut to fit (docs/serving.md).
     max_step_tokens: int | None = None
     # Per-request parameters (kv_transfer_params) the connector honours; None: all of them from
     # the offline API, none from an API server (the operator lists what clients may set).

@@ -1,5 +1,7 @@
-"""benchmarks/rag_traffic.py: the request stream (Zipf draw, shuffle, noise, fresh mode) and its arguments."""
+"""benchmarks/rag_traffic.py: the request stream (Zipf draw, shuffle, noise, fresh mode), its arguments,
+and the routing over --instances (round robin, passages first seen on another instance, core binding)."""
 
+import asyncio
 import importlib.util
 import sys
 from collections import Counter
@@ -115,16 +117,129 @@ def test_high_hit_requests_and_summary(rt):
 def test_argument_defaults(rt):
     args = rt.parse_args([])
     assert (args.questions, args.zipf, args.noise, args.concurrency, args.rates) == (50, 1.1, 2, [2], None)
-    assert args.servers == ["plain", "blend"] and args.max_tokens == 8
+    assert args.servers == ["plain", "blend"] and args.max_tokens == 8 and args.instances == 1
     assert not args.fresh and not args.index and args.capacity_gb is None
     assert Path(args.out).parent != BENCHMARKS / "results"  # a scratch path unless --out says otherwise
     args = rt.parse_args(["--concurrency", "1,4", "--rates", "0.5,1", "--servers", "blend", "--capacity-gb", "2"])
     assert (args.concurrency, args.rates, args.servers, args.capacity_gb) == ([1, 4], [0.5, 1.0], ["blend"], 2.0)
     with pytest.raises(SystemExit):
         rt.parse_args(["--servers", "plain,lmcache"])
+    assert rt.parse_args(["--instances", "2"]).instances == 2
+    with pytest.raises(SystemExit):
+        rt.parse_args(["--instances", "0"])
 
 
 def test_help_shows_defaults(rt, capsys):
     with pytest.raises(SystemExit):
         rt.parse_args(["--help"])
     assert "(default: 1.1)" in capsys.readouterr().out
+
+
+def test_the_stream_is_pinned(rt):
+    """The stream of a seed never changes (the same requests with --instances 1 as before it existed)."""
+    R = rt.Request
+    assert rt.make_stream(corpus(), 3, seed=0) == [R(10, (53, 33, 51, 52, 70), (1, 4)),
+                                                   R(7, (69, 36, 17, 38, 39), (0, 2)), R(1, (7, 8, 98, 14, 6), (2, 3))]
+
+
+def test_routing_is_round_robin(rt):
+    assert rt.routing(7, 1) == [0] * 7
+    assert rt.routing(7, 2) == [0, 1, 0, 1, 0, 1, 0]
+    assert rt.routing(7, 3) == [0, 1, 2, 0, 1, 2, 0]
+    assert rt.routing(0, 2) == []
+
+
+def test_passages_first_seen_elsewhere(rt):
+    requests = [(1, 2), (2, 3), (1, 2), (1, 4), (3, 5), (5, 5)]
+    # to:        0       1       0       1       0       1
+    # request 1: 2 was sent to 0 only -> 1; request 2: 1, 2 sent to 0 before -> 0; request 3: 1 only to 0 -> 1;
+    # request 4: 3 sent to 1 only -> 1 (5 new); request 5: 5 sent to 0 only, counted once -> 1
+    assert rt.passages_first_seen_elsewhere(requests, rt.routing(6, 2)) == [0, 1, 0, 1, 1, 1]
+    assert rt.passages_first_seen_elsewhere(requests, rt.routing(6, 1)) == [0] * 6  # one instance: never
+    # a passage sent to both instances is no longer "elsewhere" for either
+    assert rt.passages_first_seen_elsewhere([(7,), (7,), (7,), (7,)], [0, 1, 0, 1]) == [0, 1, 0, 0]
+    with pytest.raises(ValueError):
+        rt.passages_first_seen_elsewhere(requests, [0, 1])
+
+
+def test_elsewhere_counts_include_the_index_requests(rt):
+    R = rt.Request
+    stream = [R(0, (1, 2)), R(1, (2, 3)), R(0, (1, 2))]
+    assert rt.stream_passages(stream) == [1, 2, 3]
+    assert rt.elsewhere_counts(stream, 2, index=False) == [0, 1, 0]
+    # --index first: 1 -> instance 0, 2 -> 1, 3 -> 0; then the stream from instance 0 again:
+    # (1, 2) -> 0: 2 only on 1; (2, 3) -> 1: 3 only on 0; (1, 2) -> 0: both seen there
+    assert rt.elsewhere_counts(stream, 2, index=True) == [1, 1, 0]
+    assert rt.elsewhere_counts(stream, 1, index=True) == [0, 0, 0]
+
+
+def test_core_binding(rt):
+    assert rt.core_binding(1, {0, 1}) == [{}]  # one instance: vLLM's automatic binding, as before
+    assert rt.core_binding(2, {1, 0}) == [{"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in rt.core_binding(3, {4, 6})] == ["4", "6", "4"]
+
+
+def _rec(i, instance, blocks, hits, elsewhere, cached=0):
+    return {"i": i, "ttft_s": 1.0, "chunk_blocks": blocks, "chunk_hit_blocks": hits, "blended": bool(hits),
+            "prompt_tokens": 100, "cached_tokens": cached, "instance": instance,
+            "passages_first_seen_elsewhere": elsewhere}
+
+
+def test_instance_summary(rt):
+    records = [_rec(0, 0, 10, 0, 0), _rec(1, 1, 10, 4, 2, cached=50), _rec(2, 0, 10, 10, 0), _rec(3, 1, 10, 6, 1)]
+    s = rt.summarize(records, wall_s=1.0, high_hit=None, instances=2)
+    assert s["instances"] == 2 and s["chunk_hit_rate"] == 0.5
+    assert s["chunk_hit_rate_per_instance"] == [0.5, 0.5]
+    assert s["vllm_cached_share_per_instance"] == [0.0, 0.25]
+    assert s["passages_first_seen_elsewhere"] == 3 and s["requests_first_seen_elsewhere"] == 2
+    assert s["first_seen_elsewhere_chunk_hit_rate"] == 0.5 and s["other_requests_chunk_hit_rate"] == 0.5
+    three = rt.summarize(records, 1.0, None, instances=3)  # an instance without requests
+    assert three["chunk_hit_rate_per_instance"][2] is None and three["vllm_cached_share_per_instance"][2] is None
+    plain = rt.summarize([_rec(0, 0, 0, 0, 1)], 1.0, None, instances=2)
+    assert plain["first_seen_elsewhere_chunk_hit_rate"] is None and plain["chunk_hit_rate_per_instance"] == [None, None]
+
+
+def test_one_instance_keeps_the_summary_keys(rt):
+    old_keys = {"requests", "wall_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s", "high_hit_requests",
+                "high_hit_ttft_p50_s", "high_hit_ttft_p90_s", "chunk_hit_rate", "blended_share", "vllm_cached_share"}
+    new_keys = ("instance", "passages_first_seen_elsewhere")
+    records = [{k: v for k, v in _rec(0, 0, 10, 5, 0).items() if k not in new_keys}]
+    s = rt.summarize(records, 1.0, None)  # records written before --instances existed
+    assert old_keys <= set(s) and s["instances"] == 1 and s["chunk_hit_rate_per_instance"] == [0.5]
+    assert s["passages_first_seen_elsewhere"] == 0 and s["first_seen_elsewhere_chunk_hit_rate"] is None
+
+
+class _Client:
+    """Stands in for an httpx client: answers /v1/completions like vLLM and keeps the prompts it got."""
+
+    def __init__(self):
+        self.prompts = []
+
+    async def post(self, path, json):
+        self.prompts.append(json["prompt"])
+        await asyncio.sleep(0.001 * (json["prompt"][0] % 3))  # answers out of order
+        body = {"usage": {"prompt_tokens": 1}, "choices": [{"text": ""}], "metrics": {}}
+        return SimpleNamespace(raise_for_status=lambda: None, json=lambda: body)
+
+
+@pytest.mark.parametrize("level", [("concurrency", 2), ("concurrency", 3), ("rate", 500.0)])
+def test_run_stream_sends_request_k_to_instance_k_mod_n(rt, level):
+    prompts = [([k], [1]) for k in range(9)]
+    clients, records = [_Client(), _Client()], []
+    asyncio.run(rt.run_stream(clients, "m", prompts, "salt", False, 1, level, 0, records.append))
+    assert sorted(clients[0].prompts) == [[k] for k in range(0, 9, 2)]
+    assert sorted(clients[1].prompts) == [[k] for k in range(1, 9, 2)]
+    assert sorted(r["i"] for r in records) == list(range(9))
+
+
+def test_finish_and_table_with_two_instances(rt, capsys):
+    records = [_rec(0, 0, 10, 0, 0), _rec(1, 1, 10, 4, 2)]
+    store = {"dump_bytes": 0, "load_bytes": 0, "fallbacks": {}, "store_bytes": 0, "store_blocks": 0,
+             "dumped_not_in_store": 0}
+    results = {"config": {"instances": 2}, "runs": [
+        {"server": s, "load": "c=2", "records": records, "wall_s": 1.0, "summary": dict(store)} for s in rt.SERVERS]}
+    rt.finish(results)
+    assert results["runs"][1]["summary"]["chunk_hit_rate_per_instance"] == [0.0, 0.4]
+    rt.print_table(results)
+    out = capsys.readouterr().out
+    assert "blend c=2: chunk hits per instance 0% / 40%" in out and "2 passages first seen on another instance" in out

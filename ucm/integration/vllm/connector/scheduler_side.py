@@ -47,6 +47,11 @@ REPORT_KEY = "ucm"
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
+# Default cap on a step's Blend rows, per token of vLLM's step budget: with the server's 2048 on CPU,
+# 8192 rows hold a whole 6k-token RAG region (misses and question included) in one step; at 1x,
+# 7 of 11 blended requests of the Zipf stream were cut and lost the reuse after the cut
+# (docs/serving.md, "Bounded steps").
+STEP_CAP_PER_BUDGET = 4
 # A step stages at most this many loaded tokens per row of its Blend cap (max_step_tokens): at ratio
 # 0.15 a region of loaded chunks alone needs about 1 / 0.15 = 6.7.
 STAGED_PER_ROW = 8
@@ -99,7 +104,8 @@ class SchedulerSide:
                  step_budget: int = 8192, num_shards: int = 1):
         self.blend = config.sparse
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
-        self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens else step_budget)
+        self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens
+                         else STEP_CAP_PER_BUDGET * step_budget)
         self._step_work = 0  # committed this step (admitted blend requests)
         self._step_staged = 0  # loaded tokens staged this step (admitted blend requests)
         self.store = store
@@ -147,7 +153,9 @@ class SchedulerSide:
             return []
         keys = [self.key(kind, h) for h in hashes]
         n = self.num_shards
+        start = time.perf_counter()
         shards = self.store.lookup([shard_key(k, r, n) for k in keys for r in range(n)])
+        self.stats.add("lookup_ms", 1000.0 * (time.perf_counter() - start))
         found = [all(shards[i * n:(i + 1) * n]) for i in range(len(keys))]
         timeouts = self.store.stats().lookup_timeouts
         if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed

@@ -33,6 +33,7 @@ COUNTERS: dict[str, str] = {
     "blend_fallbacks_load_failed": "Requests with a failed or timed-out load (failed chunk blocks computed in full, a failed prefix recomputed; nothing of theirs stored)",
     "blend_fallbacks_forward_missing": "Blend requests whose region the model forward did not run (not the Blend model class; nothing of the step stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
+    "lookup_ms": "Milliseconds the scheduler spent in store lookups",
     "lookup_timeouts": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
@@ -42,6 +43,7 @@ COUNTERS: dict[str, str] = {
     "load_bytes": "Bytes loaded from the store",
     "load_ms": "Milliseconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",
+    "dump_ms": "Milliseconds the worker spent gathering KV for dumps and handing it to the store, after the forward",
     "dumps_dropped": "Blocks not handed to the store because its queue of unwritten dumps was full (dump_queue_mb)",
     "dumps_refused": "Blocks not handed to the store because their KV could not be trusted (a failed load of their request, or a Blend region the forward did not run)",
     "dump_bytes": "Bytes handed to the store",

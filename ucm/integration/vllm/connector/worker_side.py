@@ -367,6 +367,7 @@ class WorkerSide:
         dumps = [(req, d) for req in meta.requests if req.req_id not in self._untrusted for d in req.dumps]
         if not dumps:
             return
+        start = time.perf_counter()
         self._reap_dumps(block=False)
         nbytes = sum(d.num_tokens for _, d in dumps) * self.token_bytes
         if self._pending and self._pending_bytes + nbytes > self.dump_queue_bytes:
@@ -378,6 +379,7 @@ class WorkerSide:
                                [d.num_tokens for _, d in dumps])
         self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
         self._pending_bytes += nbytes
+        self.stats.add("dump_ms", 1000.0 * (time.perf_counter() - start))
         self.stats.add("dumped_blocks", len(dumps))
         self.stats.add("dump_bytes", sum(b.numel() * b.element_size() for b in buffers))
 

@@ -309,13 +309,27 @@ def headline() -> str:
             on, off = by.get(("blend", c)), by.get(("full", c))
             if on and off:
                 if what == "TTFT p50":
-                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts "
+                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, passages indexed first "
                                 f"({data.get('dtype', 'float32')}, {_kv_shift(data)}), {what}, 1 at a time | {on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | "
                                 f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
                 else:
                     rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
                                 f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
                                 f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
+    for name, what in (("rag_traffic_zipf_cap4x.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                       ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")):
+        path = RESULTS / name
+        entry = next((t for t in TRAFFIC_RUNS if t[0] == name), None)
+        if path.is_file() and entry is not None:
+            base = RESULTS / entry[3] if entry[3] else None
+            data = json.loads(path.read_text())
+            runs = data["runs"] + (json.loads(base.read_text())["runs"] if base and base.is_file() else [])
+            on = next((r["summary"] for r in runs if r["server"] == "blend"), None)
+            off = next((r["summary"] for r in runs if r["server"] == "plain" and r["load"] == "c=2"), None)
+            if on and off:
+                rows.append(f"| `vllm serve`, {what}, {on['chunk_hit_rate']:.0%} of chunk blocks hit), requests/s at "
+                            f"concurrency 2, against plain vLLM | {on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
+                            f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
     quality = RESULTS / HEADLINE_RUN
     if quality.is_file():
         data = json.loads(quality.read_text())

@@ -4,7 +4,8 @@ A Blend config on an engine whose model is not the Blend class is refused at sta
 own forward would leave every blended region uncomputed and the connector would store it). A
 request whose loads fail (damaged block files, found by the lookup and refused by the load's
 checksum) is answered exactly as full prefill answers it, reports `fallback: "load_failed"` and
-stores nothing, under a batch of such requests.
+stores nothing, under a batch of such requests; sent again, what they store passes the store
+audit (recomputed by a reference engine: no wrong block).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 
 from blend_helpers import assert_same, forget_local_prefix_cache, params, prompts, result, run
 
+from ucm.integration.vllm.audit import audit_store
 from ucm.integration.vllm.connector.stats import ucm_counters
 from ucm.integration.vllm.llm import ucm_transfer_config
 
@@ -85,3 +87,11 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     _wait_until_stable(store)
     new = [p for p in _block_files(store) if p.stat().st_mtime > written_after]
     assert not new, f"blocks computed over failed loads were stored: {new}"
+
+    # The damaged blocks are gone (removed when their loads failed): the same batch again computes
+    # and stores them. An audit against a reference engine then finds every stored block right.
+    llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)
+    assert _wait_until_stable(store) > 0
+    reference = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
+    report = audit_store(store, reference, [{"prompt_token_ids": p} for p in batch])
+    assert report.compared > 0 and report.bad == [], report

@@ -92,3 +92,20 @@ def read_blocks(store: UcmNfsStore, keys: list[bytes], sizes: list[int], timeout
     ok = store.wait(store.load(keys, [b.view(torch.uint8).numpy().reshape(-1) for b in buffers]))
     assert ok == [True] * len(keys)
     return torch.cat(buffers)
+
+
+def block_files(store_dir) -> list:
+    """The block files in a store directory."""
+    return sorted(store_dir.rglob("*.kvb"))
+
+
+def wait_until_stable(store_dir, seconds: float = 1.0, timeout: float = 30.0) -> int:
+    """Dumps finish in the background: wait until the number of block files stops changing."""
+    deadline, last = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        n = len(block_files(store_dir))
+        if n == last:
+            return n
+        last = n
+        time.sleep(seconds)
+    return last

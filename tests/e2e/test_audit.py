@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from vllm import SamplingParams
-from blend_helpers import MARKER, prompts, run
+from blend_helpers import MARKER, prompts, run, wait_until_stable
 
 from ucm.integration.vllm.audit import audit_store, tolerances
 from ucm.integration.vllm.connector.ucm_connector import store_namespace
@@ -23,18 +22,6 @@ from ucm.sparse.blend.chunking import split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.store.keys import KeyKind, shard_key, store_key
 from ucm.store.nfs_store import UcmNfsStore
-
-
-def _wait_until_stable(store_dir, seconds=1.0, timeout=30.0) -> int:
-    """Dumps finish in the background: wait until the number of block files stops changing."""
-    deadline, last = time.monotonic() + timeout, -1
-    while time.monotonic() < deadline:
-        n = len(list(store_dir.rglob("*.kvb")))
-        if n == last:
-            return n
-        last = n
-        time.sleep(seconds)
-    return last
 
 
 def _keys(llm, token_ids, salt=None) -> list[bytes]:
@@ -67,7 +54,7 @@ def test_audit_finds_and_removes_a_wrong_block(engine_factory, model_dir, tmp_pa
     span = split_by_marker(first1, MARKER).chunks[2]
     run(writer, first1[span.start:span.end], max_tokens=1, disable=True)  # a chunk alone, as "alone" stores keep
     shutdown(writer)
-    assert _wait_until_stable(store_dir) > 0
+    assert wait_until_stable(store_dir) > 0
 
     ref = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
     clean = audit_store(store_dir, ref, audited)

@@ -97,6 +97,14 @@ class KVStoreBase(ABC):
     def lookup(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each key is stored; answers every key (a miss does not cut later hits)."""
 
+    def lookup_shards(self, keys: Sequence[bytes], num_shards: int) -> list[bool]:
+        """Whether every shard of each key is stored (`keys.shard_key`; one lookup for all of them):
+        a block split over writers is usable only whole."""
+        from ucm.store.keys import shard_key
+
+        found = self.lookup([shard_key(k, r, num_shards) for k in keys for r in range(num_shards)])
+        return [all(found[i * num_shards:(i + 1) * num_shards]) for i in range(len(keys))]
+
     @abstractmethod
     def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:
         """Start copying blocks into destinations (one buffer per key, exactly the block length).

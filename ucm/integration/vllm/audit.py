@@ -267,8 +267,7 @@ def _compare(report: AuditReport, scratch, store, keys: list[bytes], where: tupl
                                "blocks differently from this audit (hash seed?) or its store is failing")
         time.sleep(0.1)
     shard_keys = {k: [shard_key(k, r, shards) for r in range(shards)] for k in keys}
-    held = store.lookup([s for k in keys for s in shard_keys[k]])
-    present = [k for j, k in enumerate(keys) if all(held[j * shards:(j + 1) * shards])]
+    present = [k for k, held in zip(keys, store.lookup_shards(keys, shards)) if held]
     report.missing += len(keys) - len(present)
     refs = _load(scratch, present, dtype)
     stored = _load(store, [s for k in present for s in shard_keys[k]], dtype)

@@ -121,12 +121,15 @@ def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:
     return max(plan.prefix_tokens, prompt_len - 1)
 
 
+def loaded_tokens(plan: BlendPlan, end: int) -> int:
+    """Tokens before ``end`` whose KV is loaded from the store."""
+    return sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded)
+
+
 def region_hit_share(plan: BlendPlan, end: int) -> float:
     """Share of the region [plan.prefix_tokens, end) whose KV is loaded from the store (0 when empty)."""
     region = end - plan.prefix_tokens
-    if region <= 0:
-        return 0.0
-    return sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded) / region
+    return loaded_tokens(plan, end) / region if region > 0 else 0.0
 
 
 def bounded_region_end(plan: BlendPlan, end: int, ratio: float, max_rows: int, max_staged: int) -> int:
@@ -138,8 +141,7 @@ def bounded_region_end(plan: BlendPlan, end: int, ratio: float, max_rows: int, m
     """
 
     def fits(e: int) -> bool:
-        loaded = sum(max(0, min(b.placed.end, e) - b.placed.start) for b in plan.loaded)
-        return loaded <= max_staged and region_work(plan, e, ratio) <= max_rows
+        return loaded_tokens(plan, e) <= max_staged and region_work(plan, e, ratio) <= max_rows
 
     if fits(end):
         return end
@@ -156,6 +158,5 @@ def bounded_region_end(plan: BlendPlan, end: int, ratio: float, max_rows: int, m
 def region_work(plan: BlendPlan, end: int, ratio: float) -> int:
     """Rows the Blend forward runs through the later layers for a region ending at ``end``: the
     tokens without loaded KV there (misses) and the recomputed share of the loaded ones."""
-    region = end - plan.prefix_tokens
-    loaded = sum(max(0, min(b.placed.end, end) - b.placed.start) for b in plan.loaded)
-    return region - loaded + math.ceil(ratio * loaded)
+    loaded = loaded_tokens(plan, end)
+    return end - plan.prefix_tokens - loaded + math.ceil(ratio * loaded)

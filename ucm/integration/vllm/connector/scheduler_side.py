@@ -31,7 +31,7 @@ from ucm.sparse.blend.plan import (BlendPlan, blend_region_end, bounded_region_e
                                    region_work)
 from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
                                          kv_shift_share)
-from ucm.store.keys import KeyKind, shard_key, store_key
+from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -152,11 +152,9 @@ class SchedulerSide:
         if not hashes:
             return []
         keys = [self.key(kind, h) for h in hashes]
-        n = self.num_shards
         start = time.perf_counter()
-        shards = self.store.lookup([shard_key(k, r, n) for k in keys for r in range(n)])
+        found = self.store.lookup_shards(keys, self.num_shards)
         self.stats.add("lookup_ms", 1000.0 * (time.perf_counter() - start))
-        found = [all(shards[i * n:(i + 1) * n]) for i in range(len(keys))]
         timeouts = self.store.stats().lookup_timeouts
         if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
             self.stats.add("lookup_timeouts", timeouts - self._lookup_timeouts)

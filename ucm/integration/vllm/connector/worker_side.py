@@ -87,7 +87,7 @@ def tensor_parallel_rank_and_size() -> tuple[int, int]:
     """(rank, world size) of this worker's tensor-parallel group; (0, 1) outside a vLLM worker."""
     from vllm.distributed import parallel_state
 
-    if parallel_state._TP is None:
+    if not parallel_state.model_parallel_is_initialized():
         return 0, 1
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
@@ -196,7 +196,6 @@ class WorkerSide:
 
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
-        self._reap_dumps(block=False)
         prefix = [(req, ld) for req in meta.requests for ld in req.prefix_loads]
         chunks = [(req, ld) for req in meta.requests for ld in req.chunk_loads]
         blends = [req for req in meta.requests if req.blend is not None]
@@ -381,7 +380,7 @@ class WorkerSide:
         self._pending_bytes += nbytes
         self.stats.add("dump_ms", 1000.0 * (time.perf_counter() - start))
         self.stats.add("dumped_blocks", len(dumps))
-        self.stats.add("dump_bytes", sum(b.numel() * b.element_size() for b in buffers))
+        self.stats.add("dump_bytes", nbytes)
 
     def _refuse(self, dumps: list[BlockDump]) -> None:
         if dumps:
@@ -389,7 +388,8 @@ class WorkerSide:
             self._report.not_stored.update(d.key for d in dumps)
 
     def build_report(self) -> UCMWorkerReport | None:
-        """This step's report for the scheduler (dumps the store answered since the last one)."""
+        """This step's report for the scheduler (dumps the store answered since the last one).
+        vLLM asks for it at the end of every step, forward or not: finished dumps are reaped here."""
         self._reap_dumps(block=False)
         report, self._report = self._report, UCMWorkerReport()
         return None if report.is_empty() else report

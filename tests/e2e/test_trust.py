@@ -21,7 +21,7 @@ from blend_helpers import (assert_same, block_files, forget_local_prefix_cache, 
 
 from ucm.integration.vllm.audit import audit_store
 from ucm.integration.vllm.connector.stats import ucm_counters
-from ucm.integration.vllm.llm import ucm_transfer_config
+from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 
 
 def test_blend_config_without_the_blend_forward_is_refused_at_start_up(model_dir, tmp_path):
@@ -41,7 +41,9 @@ def test_blend_config_without_the_blend_forward_is_refused_at_start_up(model_dir
     assert "was not built with the Blend forward" in out and "UCM_BLEND_NO_MODELS" in out, out[-3000:]
 
 
-def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, model_dir, tmp_path):
+def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, model_dir, tmp_path, monkeypatch):
+    # Two engines beside the session's two (whose KV caches take 4 GiB each): small KV caches.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
     llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
                          disable_log_stats=False)
@@ -76,6 +78,7 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     # and stores them. An audit against a reference engine then finds every stored block right.
     llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)
     assert wait_until_stable(store) > 0
+    shutdown(llm)
     reference = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
     report = audit_store(store, reference, [{"prompt_token_ids": p} for p in batch])
     assert report.compared > 0 and report.bad == [], report

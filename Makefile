@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ucm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model demo test test-fast bench clean
+.PHONY: setup model demo test test-fast clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,6 @@ test: model
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
 
+# The stamp goes too: the next `make` rebuilds the native modules it removes.
 clean:
-	rm -rf build *.egg-info ucm/store/_native*.so ucm/sparse/blend/_attention*.so
+	rm -rf build *.egg-info ucm/store/_native*.so ucm/sparse/blend/_attention*.so $(STAMP)

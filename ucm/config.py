@@ -216,6 +216,9 @@ class BlendConfig:
     # None: from the offline API only.
     allow_oracle: bool | None = None
     chunk_store: str = "any"  # one of CHUNK_STORE_POLICIES
+    # A chunk block whose KV the same prompt stores as exact prefix blocks is stored as a reference
+    # to those rows (sparse/blend/chunk_refs.py) instead of a second copy of its KV; false: a copy.
+    chunk_refs: bool = True
     # Blend runs only when at least this share of the tokens after the exact prefix has chunk KV in
     # the store; below it the request is left to vLLM's own prefill (chunked, within its budget),
     # reported as fallback "few_hits": with few hits the probe, the loads and one long step of
@@ -233,7 +236,7 @@ class BlendConfig:
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
         _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
-                          "chunk_store", "min_hit_share"}, path)
+                          "chunk_store", "min_hit_share", "chunk_refs"}, path)
         chunk_store = d.get("chunk_store", "any")
         if chunk_store not in CHUNK_STORE_POLICIES:
             raise UCMConfigError(f"{path}.chunk_store must be one of {', '.join(map(repr, CHUNK_STORE_POLICIES))}, "
@@ -244,6 +247,9 @@ class BlendConfig:
                 raise UCMConfigError(f"{path}.request_params must be a list of per-request parameter names from "
                                      f"{', '.join(REQUEST_PARAMS)}, got {request_params!r}")
             request_params = tuple(request_params)
+        chunk_refs = d.get("chunk_refs", True)
+        if not isinstance(chunk_refs, bool):
+            raise UCMConfigError(f"{path}.chunk_refs must be true or false (or absent), got {chunk_refs!r}")
         allow_oracle = d.get("allow_oracle")
         if allow_oracle is not None and not isinstance(allow_oracle, bool):
             raise UCMConfigError(f"{path}.allow_oracle must be true or false (or absent), got {allow_oracle!r}")
@@ -310,6 +316,7 @@ class BlendConfig:
             request_params=request_params,
             allow_oracle=allow_oracle,
             chunk_store=chunk_store,
+            chunk_refs=chunk_refs,
             min_hit_share=float(min_hit_share),
         )
 

@@ -245,7 +245,9 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     d = delta(c1, c2)
     assert d["requests"] == 1 and d["blended_requests"] == 1
     assert d["chunk_hit_tokens"] == second.report["chunk_hit_tokens"]
-    assert d["loaded_blocks"] == second.report["chunk_hit_blocks"] and "failed_blocks" not in d
+    # a's later chunks are found as references into a's exact blocks: one or two stored blocks each
+    hits, refs = second.report["chunk_hit_blocks"], d.get("chunk_ref_hit_blocks", 0)
+    assert refs > 0 and hits <= d["loaded_blocks"] <= hits + refs and "failed_blocks" not in d
     loaded = d["recomputed_tokens"] + d["reused_tokens"]
     assert loaded == second.report["chunk_hit_tokens"]
     assert d["recomputed_tokens"] == pytest.approx(0.25 * loaded, abs=1)

@@ -3,8 +3,9 @@
 A Blend config on an engine whose model is not the Blend class is refused at start-up (vLLM's
 own forward would leave every blended region uncomputed and the connector would store it). A
 request whose loads fail (damaged block files, found by the lookup and refused by the load's
-checksum) is answered exactly as full prefill answers it, reports `fallback: "load_failed"` and
-stores nothing, under a batch of such requests; sent again, what they store passes the store
+checksum, or exact blocks named by intact chunk references) is answered exactly as full prefill
+answers it, reports `fallback: "load_failed"` and stores nothing (no KV, no reference), under a
+batch of such requests; sent again, what they store passes the store
 audit (recomputed by a reference engine: no wrong block).
 """
 
@@ -22,6 +23,11 @@ from blend_helpers import (assert_same, block_files, forget_local_prefix_cache, 
 from ucm.integration.vllm.audit import audit_store
 from ucm.integration.vllm.connector.stats import ucm_counters
 from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
+from ucm.sparse.blend.chunk_refs import REF_BYTES
+from ucm.store.block_format import HEADER_REGION
+
+
+REF_FILE_LIMIT = HEADER_REGION + REF_BYTES  # a stored reference: header and record
 
 
 def test_blend_config_without_the_blend_forward_is_refused_at_start_up(model_dir, tmp_path):
@@ -47,21 +53,33 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     store = tmp_path / "store"
     llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
                          disable_log_stats=False)
-    pairs = [prompts(llm, seed=s) for s in (301, 302, 303)]
-    for first, _ in pairs:
-        run(llm, first)  # stores each prompt's exact prefix and its chunks
+    # Two groups of prompts that share no stored block: the first is sent again as it was (exact
+    # prefix loads), the second reordered (its chunks found through references into the exact
+    # blocks its original order stored: chunk loads).
+    prefix_group = [prompts(llm, seed=s)[0] for s in (301, 302, 303)]
+    chunk_group = [prompts(llm, seed=s) for s in (304, 305, 306)]
+    for prompt in prefix_group + [first for first, _ in chunk_group]:
+        run(llm, prompt)  # stores each prompt's exact prefix and its chunks
+    # A chunk reference is written a step after its exact blocks are confirmed: a few more steps
+    # (a request with no chunk) write the last prompt's before the store is damaged.
+    llm.generate([{"prompt_token_ids": [10] * 20}], params(), use_tqdm=False)
     assert wait_until_stable(store) > 0
-    # Damage every stored block: lookups still find them, every load fails its checksum.
+    # Damage every stored block of KV: lookups still find them, every load fails its checksum. The
+    # chunk references (a few hundred bytes, read by the scheduler) stay intact: the reordered
+    # prompts find their chunks through them and fail loading the exact blocks they name.
     past = time.time() - 3600
     for path in block_files(store):
-        with open(path, "r+b") as f:
-            f.truncate(os.path.getsize(path) // 2)
+        if os.path.getsize(path) > REF_FILE_LIMIT:
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
         os.utime(path, (past, past))
-    written_after = time.time() - 1
+    # Files as they are now, by inode: a block written later is a new file (renamed into place);
+    # reading a block only touches it (its mtime records use for eviction).
+    inodes = {p: p.stat().st_ino for p in block_files(store)}
     forget_local_prefix_cache(llm)  # the original prompts' prefixes now come from the store
     before = ucm_counters(llm.get_metrics())
 
-    batch = [first for first, _ in pairs] + [reordered for _, reordered in pairs]  # prefix loads, chunk loads
+    batch = prefix_group + [reordered for _, reordered in chunk_group]
     outs = [result(o) for o in llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)]
 
     for prompt, got in zip(batch, outs):  # failed rows are computed in full: exact, even at ratio 0.15
@@ -71,7 +89,7 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     assert after.get("failed_blocks", 0) > before.get("failed_blocks", 0)
     assert after.get("blend_fallbacks_load_failed", 0) - before.get("blend_fallbacks_load_failed", 0) == len(batch)
     wait_until_stable(store)
-    new = [p for p in block_files(store) if p.stat().st_mtime > written_after]
+    new = [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
     assert not new, f"blocks computed over failed loads were stored: {new}"
 
     # The damaged blocks are gone (removed when their loads failed): the same batch again computes

@@ -22,6 +22,7 @@ StoreKey = NewType("StoreKey", bytes)
 class KeyKind(bytes, Enum):
     EXACT = b"x"  # KV computed with exactly the prefix the block hash chains over
     CHUNK = b"c"  # KV of a chunk computed after other text, stored at chunk-local positions
+    CHUNK_REF = b"r"  # not KV: where a chunk block's KV sits in stored EXACT blocks (sparse/blend/chunk_refs.py)
 
 
 def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> StoreKey:

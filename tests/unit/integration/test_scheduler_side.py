@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import dataclasses
+import os
 import time
 import numpy as np
 import pytest
@@ -317,12 +318,14 @@ def test_request_policy_config_errors_name_the_problem(bad):
             "ucm_sparse_config": {"Blend": blend}})
 
 
-@pytest.mark.parametrize("policy", ["any", "alone"])
+@pytest.mark.parametrize("policy", ["any", "alone", "refs"])
 def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, policy):
     """A prompt new to the store: its full blocks are exact (stored as the prefix either way) and
     its first chunk has nothing before it; the later chunks were computed after other text, so
-    under "alone" their chunk KV is not stored."""
-    side = side_for(tmp_path, chunk_store=policy)
+    under "alone" their chunk KV is not stored. With chunk references ("refs", the default) the
+    later chunks' blocks, all inside the exact blocks, are stored as references, not as KV."""
+    side = (side_for(tmp_path) if policy == "refs"
+            else side_for(tmp_path, chunk_store=policy, chunk_refs=False))
     tokens = prompt(1)  # chunks [0, 6) [6, 13) [13, 19), question [19, 22)
     req = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
@@ -332,10 +335,18 @@ def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, pol
     stored_as_chunk = [d for d in s.dumps if d.key in chunk_keys]
     exact = [d for d in s.dumps if d.key not in chunk_keys]
     assert [d.start for d in exact] == [0, 4, 8, 12, 16, 4]  # 5 prefix blocks + the first chunk's tail
-    if policy == "alone":
-        assert stored_as_chunk == []
-    else:
+    blocks = side._states["a"].plan.blocks
+    ref_keys = [side.key(KeyKind.CHUNK_REF, b.block_hash) for b in blocks if b.chunk_start > 0]
+    assert side.store.lookup(ref_keys) == [False] * 4  # not before the exact blocks they name are stored
+    _worker_stores(side, s.dumps)
+    step(side, [], {})  # the next step writes the references
+    side.store.close()  # waits for the references' writes
+    refs_stored = create_store("UcmNfsStore", {"storage_backends": str(tmp_path / "store")}).lookup(ref_keys)
+    if policy == "any":
         assert {(d.start, d.num_tokens) for d in stored_as_chunk} == {(6, 4), (10, 3), (13, 4), (17, 2)}
+    else:
+        assert stored_as_chunk == []
+    assert refs_stored == [policy == "refs"] * 4
 
 
 @pytest.mark.parametrize("knobs,expected", [
@@ -394,7 +405,7 @@ def test_a_dump_counts_as_stored_only_once_the_workers_confirm_it(tmp_path):
     then loads them; a dump a worker could not write is never served."""
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
-    side = side_for(tmp_path)
+    side = side_for(tmp_path, chunk_refs=False)  # copies only (references: the tests below)
     tokens = prompt(1)
     a = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(a, 0) == (0, False)  # nothing stored: computed in full
@@ -463,3 +474,116 @@ def test_requests_with_few_chunk_hits_are_left_to_vllm(tmp_path, min_hit_share, 
     report = side.request_finished(req)["ucm"]
     assert report["fallback"] == (None if blends else "few_hits") and report["blended"] == blends
     assert side.stats.data.get("blend_fallbacks_few_hits", 0) == (0 if blends else 1)
+
+
+def _worker_stores(side, dumps, failed=()):
+    """The worker's part: the dumps (zeros) written to the store and confirmed, but `failed`."""
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    good = [d for d in dumps if d.key not in failed]
+    buffers = [np.zeros(64 * d.num_tokens, dtype=np.uint8) for d in good]
+    assert all(side.store.wait(side.store.dump([d.key for d in good], buffers, [d.num_tokens for d in good])))
+    side.take_report(UCMWorkerReport(stored={d.key: 1 for d in good}, not_stored=set(failed)))
+
+
+def _computed_in_full(side, req_id, tokens, failed=()):
+    """A request computed in full, its dumps stored (but `failed`); then one more step."""
+    req = request(side, req_id, tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    meta, _ = step(side, [admit(side, req, 0)], {req_id: len(tokens)})
+    dumps = [d for r in meta.requests for d in r.dumps]
+    _worker_stores(side, dumps, failed)
+    side.request_finished(req)
+    step(side, [], {})
+    return dumps
+
+
+def test_chunks_computed_in_full_are_found_through_references_to_their_exact_blocks(tmp_path):
+    """Prompt a computes chunks [0, 6) [6, 13) [13, 19) in full: its exact blocks hold every
+    chunk's KV, so the later chunks are stored as references, not as a second copy. Prompt b
+    (chunks in the order 0, 2, 1) finds them and reads their rows from a's exact blocks, K moved
+    by the chunk's new offset minus its old one."""
+    side = side_for(tmp_path)
+    a = prompt(1)
+    dumps = _computed_in_full(side, "a", a)
+    assert all(d.rope_delta == 0 for d in dumps)  # exact blocks only: no KV rotated back and stored twice
+    for _ in range(100):  # the references are written by the store's threads
+        side._reap_ref_writes()
+        if side.stats.data.get("chunk_refs_stored") == 4:
+            break
+        time.sleep(0.01)
+    assert side.stats.data["chunk_refs_stored"] == 4  # blocks (6, 4) (10, 3) (13, 4) (17, 2)
+
+    b_tokens = a[0:6] + a[13:19] + a[6:13] + a[19:]
+    b = request(side, "b", b_tokens)
+    external, _ = side.get_num_new_matched_tokens(b, 0)
+    plan = side._states["b"].plan
+    assert plan.prefix_tokens == 4 and external == len(b_tokens) - 1
+    refs = [blk for blk in plan.blocks if blk.kind is KeyKind.CHUNK_REF]
+    assert [(blk.tokens.start, blk.ref.position) for blk in refs] == [(6, 13), (10, 17), (12, 6), (16, 10)]
+    (s,) = step(side, [admit(side, b, external)], {"b": 1})[0].requests
+    exact = {side.key(KeyKind.EXACT, h): i for i, h in enumerate(request(side, "x", a).block_hashes)}
+    # (exact block of a, its rows, new position, rotation) of every row loaded through a reference
+    rows = [(exact[ld.key], ld.rows_from + r, ld.start + r, ld.rope_delta)
+            for ld in s.chunk_loads if ld.key in exact and ld.stored_tokens == BS for r in range(ld.num_tokens)]
+    moved = [(p // BS, p % BS, new, new - p) for new, p in zip(range(6, 19), [*range(13, 19), *range(6, 13)])]
+    assert rows == moved
+    assert side.stats.data["chunk_ref_hit_blocks"] == 4
+
+
+def test_a_reference_whose_exact_blocks_are_gone_is_a_miss(tmp_path):
+    side = side_for(tmp_path)
+    a = prompt(1)
+    dumps = _computed_in_full(side, "a", a)
+    side.store.close()  # the references are written
+    side.store = create_store("UcmNfsStore", {"storage_backends": str(tmp_path / "store")})
+    gone = next(d for d in dumps if d.start == 16)  # holds rows 16..19: the blocks (13, 4) and (17, 2) of a
+    os.remove(side.store.block_path(gone.key))
+    b = request(side, "b", a[0:6] + a[13:19] + a[6:13] + a[19:])
+    side.get_num_new_matched_tokens(b, 0)
+    plan = side._states["b"].plan
+    assert [blk.tokens.start for blk in plan.blocks if blk.kind is KeyKind.CHUNK_REF] == [12, 16]
+    assert [blk.tokens.start for blk in plan.missed] == [6, 10]
+
+
+def _stored_refs(side, tokens, store_dir):
+    """{prompt position: reference stored} of the later chunks' blocks of `tokens`."""
+    side.store.close()  # waits for the writes
+    plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
+    refs = {b.tokens.start: side.key(KeyKind.CHUNK_REF, b.block_hash) for b in plan.blocks if b.chunk_start > 0}
+    store = create_store("UcmNfsStore", {"storage_backends": str(store_dir)})
+    return dict(zip(refs, store.lookup(list(refs.values()))))
+
+
+def test_no_reference_is_written_to_exact_blocks_that_were_not_stored(tmp_path):
+    """The exact block [16, 20) failed to store: the references into it (blocks (13, 4) and
+    (17, 2) of a) are never written; those into stored blocks are."""
+    side = side_for(tmp_path)
+    a = prompt(1)
+    _computed_in_full(side, "a", a, failed={side.key(KeyKind.EXACT, request(side, "x", a).block_hashes[4])})
+    assert _stored_refs(side, a, tmp_path / "store") == {6: True, 10: True, 13: False, 17: False}
+
+
+def test_a_request_whose_load_failed_leaves_no_reference(tmp_path):
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path)
+    a = request(side, "a", prompt(1))
+    side.get_num_new_matched_tokens(a, 0)
+    meta, _ = step(side, [admit(side, a, 0)], {"a": len(a.prompt_token_ids)})
+    refused = {d.key for r in meta.requests for d in r.dumps}
+    side.take_report(UCMWorkerReport(load_failed={"a"}, not_stored=refused))  # the worker refused its dumps
+    step(side, [], {})
+    assert not any(_stored_refs(side, a.prompt_token_ids, tmp_path / "store").values())
+
+
+def test_a_request_waits_a_little_for_references_this_engine_is_about_to_write(tmp_path):
+    side = side_for(tmp_path)
+    a = prompt(1)
+    req = request(side, "a", a)
+    side.get_num_new_matched_tokens(req, 0)
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(a)})
+    _worker_stores(side, [d for r in meta.requests for d in r.dumps])  # confirmed; written at the next step
+    b = request(side, "b", a[0:6] + a[13:19] + a[6:13] + a[19:])
+    assert side.get_num_new_matched_tokens(b, 0) == (None, False)
+    assert side.stats.data["dump_waits"] == 1

@@ -13,12 +13,15 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ucm.sparse.blend.chunk_refs import ChunkRef
 from ucm.sparse.blend.chunking import ChunkLayout, Span
 from ucm.sparse.blend.hashing import BlockHash, BlockHasher, IsolationKeys
 from ucm.store.keys import KeyKind
 
 # (kind, block hashes) -> hit per hash
 LookupFn = Callable[[KeyKind, Sequence[BlockHash]], list[bool]]
+# (block hash, tokens) per chunk block -> its stored reference into exact blocks, or None
+RefLookupFn = Callable[[Sequence[tuple[BlockHash, int]]], list[ChunkRef | None]]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class ChunkBlock:
     `tokens` is where the block's tokens sit in the prompt; the block's first token sits at
     chunk-local position `tokens.start - chunk_start`, so its K must be rotated by `chunk_start`.
     `skip` leading tokens are already covered by the exact prefix and are not written.
+    A block found as a reference (kind CHUNK_REF) is read from the exact blocks `ref` names.
     """
 
     block_hash: BlockHash
@@ -35,6 +39,7 @@ class ChunkBlock:
     tokens: Span
     kind: KeyKind | None  # where it was found; None: a miss, computed in this request
     skip: int = 0
+    ref: ChunkRef | None = None
 
     @property
     def hit(self) -> bool:
@@ -88,8 +93,10 @@ def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHas
 
 
 def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher, prefix_tokens: int,
-               lookup: LookupFn, isolation: IsolationKeys | None = None) -> BlendPlan:
-    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV.
+               lookup: LookupFn, isolation: IsolationKeys | None = None,
+               lookup_refs: RefLookupFn | None = None) -> BlendPlan:
+    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV,
+    chunk KV over a reference into another prompt's exact blocks (`lookup_refs`).
 
     ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
     """
@@ -99,10 +106,17 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
     exact = lookup(KeyKind.EXACT, hashes) if hashes else []
     need_chunk = [h for h, hit in zip(hashes, exact) if not hit]
     chunk_hits = dict(zip(need_chunk, lookup(KeyKind.CHUNK, need_chunk))) if need_chunk else {}
+    refs: dict[BlockHash, ChunkRef] = {}
+    if lookup_refs is not None:
+        need_ref = [(h, len(s)) for (h, _, s), hit in zip(candidates, exact) if not hit and not chunk_hits.get(h)]
+        if need_ref:
+            refs = {h: r for (h, _), r in zip(need_ref, lookup_refs(need_ref)) if r is not None}
     blocks = []
     for (h, chunk_start, span), is_exact in zip(candidates, exact):
-        kind = KeyKind.EXACT if is_exact else (KeyKind.CHUNK if chunk_hits.get(h) else None)
-        blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start)))
+        kind = (KeyKind.EXACT if is_exact else KeyKind.CHUNK if chunk_hits.get(h)
+                else KeyKind.CHUNK_REF if h in refs else None)
+        blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start),
+                                 ref=refs.get(h)))
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks))
 
 

@@ -17,7 +17,10 @@ from ucm.store.keys import StoreKey
 class BlockLoad:
     """A stored block written token by token at prompt positions [start + skip, start + num_tokens).
 
-    `rope_delta` rotates K from the block's stored positions to its place in this prompt.
+    `rope_delta` rotates K from the block's stored positions to its place in this prompt. A block
+    of `stored_tokens` rows (0: `num_tokens`) of which only rows from `rows_from` on are wanted
+    (a chunk block read through a reference to exact blocks) gives rows
+    [rows_from + skip, rows_from + num_tokens).
     """
 
     key: StoreKey
@@ -25,6 +28,21 @@ class BlockLoad:
     num_tokens: int
     rope_delta: int = 0
     skip: int = 0
+    rows_from: int = 0
+    stored_tokens: int = 0
+
+    @property
+    def stored_rows(self) -> int:
+        return self.stored_tokens or self.num_tokens
+
+    @property
+    def whole(self) -> bool:
+        """Every stored row is written, in order: the block can be read straight into place."""
+        return self.skip == 0 and self.rows_from == 0 and self.stored_rows == self.num_tokens
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.rows_from + self.skip, self.rows_from + self.num_tokens)
 
 
 @dataclass

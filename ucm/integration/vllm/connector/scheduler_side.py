@@ -25,6 +25,7 @@ from ucm.integration.vllm.plugin import API_SERVER_ENV
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.sparse.blend.chunk_refs import REF_BYTES, ChunkRef, decode_ref, encode_ref, make_ref, ref_pieces
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import (BlendPlan, blend_region_end, bounded_region_end, build_plan, region_hit_share,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
     from ucm.config import UCMConfig
-    from ucm.store.base import KVStoreBase
+    from ucm.store.base import KVStoreBase, Task
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,18 @@ class _RequestState:
         return self.blend_end > (self.plan.prefix_tokens if self.plan else self.prompt_len)
 
 
+@dataclass(frozen=True)
+class _WaitingRef:
+    """A chunk reference written once every exact block it names is confirmed stored: a request
+    whose dumps are refused or fail (an untrusted step) leaves no reference behind."""
+
+    req_id: str
+    key: bytes
+    record: bytes
+    sources: frozenset[bytes]  # store keys of the exact blocks
+    since: float
+
+
 def isolation_of(request: Request) -> IsolationKeys:
     """The request's tenant and adapter, as vLLM keys them in its block hashes."""
     lora = getattr(request, "lora_request", None)
@@ -122,6 +135,8 @@ class SchedulerSide:
         self._awaited = False  # the current lookup missed a block whose dump is pending
         self._waiting: dict[str, float] = {}  # req_id -> when it started waiting for pending dumps
         self._deferred: dict[str, tuple[int, _RequestState]] = {}  # deferred at the cap: (computed, plan)
+        self._refs_waiting: list[_WaitingRef] = []  # chunk references whose exact blocks are not yet confirmed
+        self._ref_writes: list[tuple[Task, list[bytes]]] = []  # written by the store's threads, not yet reaped
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self._lookup_timeouts = 0  # the store's count when last read
         serving = os.environ.get(API_SERVER_ENV) == "1"
@@ -163,6 +178,57 @@ class SchedulerSide:
             self._awaited = True
         return found
 
+    def lookup_refs(self, blocks) -> list[ChunkRef | None]:
+        """The references stored for these (chunk block hash, tokens), each only when every exact
+        block it names is stored (every shard): a reference is only as good as its exact blocks."""
+        keys = [self.key(KeyKind.CHUNK_REF, h) for h, _ in blocks]
+        start = time.perf_counter()
+        hits = self.store.lookup(keys)
+        found = [i for i, hit in enumerate(hits) if hit]
+        if self._refs_waiting or self._ref_writes:  # this engine is about to write some: worth a short wait
+            coming = {r.key for r in self._refs_waiting} | {k for task, _ in self._ref_writes for k in task.keys}
+            self._awaited |= any(not hit and k in coming for hit, k in zip(hits, keys))
+        records = [bytearray(REF_BYTES) for _ in found]
+        ok = self.store.wait(self.store.load([keys[i] for i in found], records)) if found else []
+        self.stats.add("lookup_ms", 1000.0 * (time.perf_counter() - start))
+        refs: dict[int, ChunkRef] = {}
+        for i, record, good in zip(found, records, ok):
+            ref = decode_ref(record, blocks[i][1], self.block_size) if good else None
+            if ref is not None:
+                refs[i] = ref
+        sources = sorted({h for ref in refs.values() for h in ref.sources})
+        stored = dict(zip(sources, self.lookup(KeyKind.EXACT, sources)))
+        return [refs[i] if i in refs and all(stored[h] for h in refs[i].sources) else None
+                for i in range(len(blocks))]
+
+    def _write_refs(self) -> None:
+        """Hand the chunk references whose exact blocks are all confirmed to the store (written by
+        its IO threads); a reference waiting longer than a dump is waited for is dropped."""
+        if not self._refs_waiting:
+            return
+        now = time.monotonic()
+        ready, waiting = [], []
+        for ref in self._refs_waiting:
+            if not any(k in self._pending for k in ref.sources):
+                ready.append(ref)
+            elif now - ref.since < PENDING_DUMP_SECONDS:
+                waiting.append(ref)
+        self._refs_waiting = waiting
+        if ready:
+            records = [r.record for r in ready]
+            self._ref_writes.append((self.store.dump([r.key for r in ready], records, [0] * len(ready)), records))
+
+    def _reap_ref_writes(self) -> None:
+        still = []
+        for task, records in self._ref_writes:
+            if self.store.check(task):
+                ok = self.store.wait(task)
+                self.stats.add("chunk_refs_stored", sum(ok))
+                self.stats.add("chunk_refs_failed", len(ok) - sum(ok))
+            else:
+                still.append((task, records))
+        self._ref_writes = still
+
     def take_report(self, report: UCMWorkerReport) -> None:
         """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
         for key, ranks in report.stored.items():
@@ -178,6 +244,10 @@ class SchedulerSide:
             self._distrust(req_id, "load_failed")
         for req_id in report.not_blended:
             self._distrust(req_id, "forward_missing")
+        if self._refs_waiting and (report.not_stored or report.load_failed or report.not_blended):
+            untrusted = report.load_failed | report.not_blended
+            self._refs_waiting = [r for r in self._refs_waiting
+                                  if r.req_id not in untrusted and not r.sources & report.not_stored]
         if self._pending:
             now = time.monotonic()
             for key in [k for k, t in self._pending.items() if now - t > PENDING_DUMP_SECONDS]:
@@ -298,7 +368,8 @@ class SchedulerSide:
         plan = None
         layout = None if wants_prompt_logprobs else self.chunk_layout(request, params)
         if layout is not None:
-            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup, isolation_of(request))
+            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.lookup, isolation_of(request),
+                              self.lookup_refs if self.blend.chunk_refs else None)
         if self._awaited:  # blocks it needs are being written by this engine: wait for them a little
             since = self._waiting.setdefault(request.request_id, time.monotonic())
             if time.monotonic() - since < DUMP_WAIT_SECONDS:
@@ -342,6 +413,8 @@ class SchedulerSide:
             self._step_staged += state.staged
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
+        self._reap_ref_writes()
+        self._write_refs()  # those whose exact blocks were confirmed by the last steps' reports
         meta = UCMConnectorMetadata()
         for req_id in scheduler_output.preempted_req_ids or ():
             state = self._states.get(req_id)
@@ -456,8 +529,15 @@ class SchedulerSide:
                     self.stats.add("blended_requests")
                     self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
                 for blk in loaded:
-                    step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
-                                                      len(blk.tokens), blk.chunk_start, blk.skip))
+                    if blk.ref is None:
+                        step.chunk_loads.append(BlockLoad(self.key(blk.kind, blk.block_hash), blk.tokens.start,
+                                                          len(blk.tokens), blk.chunk_start, blk.skip))
+                        continue
+                    self.stats.add("chunk_ref_hit_blocks")
+                    for piece in ref_pieces(blk.ref, blk.placed, blk.tokens.start):
+                        step.chunk_loads.append(BlockLoad(self.key(KeyKind.EXACT, piece.source), piece.start,
+                                                          len(piece.rows), piece.rope_delta,
+                                                          rows_from=piece.rows.start, stored_tokens=bs))
         step.dumps = self._dumps(state, num_computed + num_scheduled)
         return step if (step.prefix_loads or step.blend or step.dumps) else None
 
@@ -533,15 +613,27 @@ class SchedulerSide:
         plan = state.plan
         if plan is None:
             return dumps
+        # Exact blocks hold the prompt's KV up to `covered` now and up to `coverable` once computed.
+        coverable = min(state.exact_limit, state.prompt_len) // bs * bs
+        covered = min(end, coverable) // bs * bs
         for i, blk in enumerate(plan.blocks):
             if blk.hit or i in state.dumped_chunk_blocks or blk.tokens.end > min(computed_end, state.prompt_len):
                 continue
-            state.dumped_chunk_blocks.add(i)
             exact = blk.chunk_start == 0 and blk.tokens.end <= state.exact_limit
+            as_ref = not exact and self.blend.chunk_refs and blk.tokens.end <= coverable
+            if as_ref and blk.tokens.end > covered:
+                continue  # its exact blocks are complete after a later step
+            state.dumped_chunk_blocks.add(i)
             if exact and len(blk.tokens) == bs:
                 continue  # a full exact block at the prompt start is the prefix dump above
             if not exact and self.blend.chunk_store == "alone":
                 continue  # computed after other text: that text must not shape what others reuse
+            ref = make_ref(blk.tokens, hashes[:state.prompt_len // bs], bs) if as_ref else None
+            if ref is not None:  # its KV is in the exact blocks dumped above: stored once, found through a reference
+                self._refs_waiting.append(_WaitingRef(
+                    state.request.request_id, self.key(KeyKind.CHUNK_REF, blk.block_hash), encode_ref(ref),
+                    frozenset(self.key(KeyKind.EXACT, h) for h in ref.sources), time.monotonic()))
+                continue
             kind = KeyKind.EXACT if exact else KeyKind.CHUNK
             dumps.append(BlockDump(self.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
         return dumps

@@ -34,6 +34,9 @@ COUNTERS: dict[str, str] = {
     "blend_fallbacks_forward_missing": "Blend requests whose region the model forward did not run (not the Blend model class; nothing of the step stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
     "lookup_ms": "Milliseconds the scheduler spent in store lookups",
+    "chunk_ref_hit_blocks": "Chunk blocks found as references to stored exact blocks (and read from those)",
+    "chunk_refs_stored": "Chunk blocks stored as references to their prompt's exact blocks instead of a copy of their KV",
+    "chunk_refs_failed": "Chunk block references the store did not write",
     "lookup_timeouts": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",

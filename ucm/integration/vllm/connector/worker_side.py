@@ -204,12 +204,13 @@ class WorkerSide:
         start = time.perf_counter()
         # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
         # Chunk blocks land back to back in the staging tensor (a block partly covered by the
-        # exact prefix goes through its own buffer and is trimmed); prefix blocks get their own.
+        # exact prefix, or read in part through a reference, goes through its own buffer and is
+        # trimmed); prefix blocks get their own.
         staging = self._staging(sum(ld.num_tokens - ld.skip for _, ld in chunks))
         destinations, offset = [], 0
         for _, ld in chunks:
             n = ld.num_tokens - ld.skip
-            destinations.append(staging[offset:offset + n] if ld.skip == 0 else self.block_tensor(ld.num_tokens))
+            destinations.append(staging[offset:offset + n] if ld.whole else self.block_tensor(ld.stored_rows))
             offset += n
         destinations += [self.block_tensor(ld.num_tokens) for _, ld in prefix]
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
@@ -232,8 +233,8 @@ class WorkerSide:
         for (req, ld), buf, good in zip(chunks, destinations, ok):
             n = ld.num_tokens - ld.skip
             if good:  # a failed chunk block is simply not loaded: the forward computes its tokens
-                if ld.skip:
-                    staging[offset:offset + n] = buf[ld.skip:]
+                if not ld.whole:
+                    staging[offset:offset + n] = buf[ld.rows]
                 rows.append(torch.arange(offset, offset + n))
                 slots.append(self._slots(req, ld.start + ld.skip, n))
                 deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))

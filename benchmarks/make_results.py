@@ -177,18 +177,26 @@ SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
 # RAG request streams against plain vLLM (benchmarks/rag_traffic.py): (file, title, command, file whose plain
 # runs a Blend-only run is compared with: the same stream and plain server)
 TRAFFIC_RUNS = [
-    ("rag_traffic_zipf_cap4x.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no indexing "
-     "(the default step cap, 4 x the budget)",
+    ("rag_traffic_zipf.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no indexing "
+     "(default settings: chunk references, step cap 4 x the budget)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --out benchmarks/results/rag_traffic_zipf.json",
+     None),
+    ("rag_traffic_fresh.json", "RAG stream with no reuse: no passage sent twice (default settings)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh "
+     "--out benchmarks/results/rag_traffic_fresh.json", None),
+    ("rag_traffic_fresh_copies.json", "The same stream with chunk KV stored as copies (chunk_refs false: every "
+     "computed block written twice), same host and session as the row above",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --servers blend --blend-config "
+     "'{\"chunk_refs\": false}' --out benchmarks/results/rag_traffic_fresh_copies.json", "rag_traffic_fresh.json"),
+    ("rag_traffic_zipf_cap4x.json", "Earlier session, before chunk references: the Zipf stream, step cap 4 x the budget",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --blend-config "
      "'{\"max_step_tokens\": 8192}' --out benchmarks/results/rag_traffic_zipf_cap4x.json", "rag_traffic_zipf_cap1x.json"),
-    ("rag_traffic_zipf_cap1x.json", "The same stream, step cap 1 x the budget (regions cut to 2048 rows)",
+    ("rag_traffic_zipf_cap1x.json", "Earlier session, before chunk references: the same stream, step cap 1 x the "
+     "budget (regions cut to 2048 rows)",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --blend-config '{\"max_step_tokens\": 2048}' "
      "--out benchmarks/results/rag_traffic_zipf_cap1x.json", None),
-    ("rag_traffic_fresh.json", "RAG stream with no reuse: no passage sent twice",
-     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --blend-config "
-     "'{\"max_step_tokens\": 8192}' --out benchmarks/results/rag_traffic_fresh.json", None),
-    ("rag_traffic_zipf_unequal_cores.json", "The Zipf stream with vLLM's own core reservation (plain vLLM computes "
-     "on 1 core, the connector's server on 2: not a fair comparison)",
+    ("rag_traffic_zipf_unequal_cores.json", "Earlier session: the Zipf stream with vLLM's own core reservation (plain "
+     "vLLM computes on 1 core, the connector's server on 2: not a fair comparison)",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --blend-config "
      "'{\"max_step_tokens\": 2048}' --out benchmarks/results/rag_traffic_zipf_unequal_cores.json, before the "
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
@@ -316,7 +324,7 @@ def headline() -> str:
                     rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
                                 f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
                                 f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
-    for name, what in (("rag_traffic_zipf_cap4x.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+    for name, what in (("rag_traffic_zipf.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                        ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")):
         path = RESULTS / name
         entry = next((t for t in TRAFFIC_RUNS if t[0] == name), None)

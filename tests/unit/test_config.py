@@ -265,6 +265,7 @@ ERROR_CASES = [
     (_set(RATIO, float("nan")), f"{RATIO_PATH} must be a number in [0, 1], got nan"),
     (_set((*BLEND, "min_hit_share"), 1.2), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 1.2"),
     (_set((*BLEND, "min_hit_share"), "x"), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 'x'"),
+    (_set((*BLEND, "chunk_refs"), "yes"), "ucm_sparse_config.Blend.chunk_refs must be true or false (or absent), got 'yes'"),
     (
         _set((*META, LAYER, "selection"), "attention"),
         f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', 'key_l1', 'key_l2', 'chunk_start', got 'attention'",

@@ -26,7 +26,7 @@ from ucm.store.keys import KeyKind
 BS, MARKER = 4, 2
 
 
-def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, **blend_extra):
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", **blend_extra):
     blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
     if max_step_tokens is not None:
         blend["max_step_tokens"] = max_step_tokens
@@ -37,7 +37,7 @@ def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, **blen
                                                      **(store_extra or {})}}],
         "ucm_sparse_config": {"Blend": blend}})
     store = create_store("UcmNfsStore", config.stores[0].config)
-    side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64)
+    side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64, kv_role=kv_role)
     side._hasher = BlockHasher.from_seed("sha256", BS, "test")
     return side
 
@@ -587,3 +587,27 @@ def test_a_request_waits_a_little_for_references_this_engine_is_about_to_write(t
     b = request(side, "b", a[0:6] + a[13:19] + a[6:13] + a[19:])
     assert side.get_num_new_matched_tokens(b, 0) == (None, False)
     assert side.stats.data["dump_waits"] == 1
+
+
+@pytest.mark.parametrize("role", ["kv_consumer", "kv_producer"])
+def test_kv_role_consumer_loads_only_and_producer_stores_only(tmp_path, role):
+    side = side_for(tmp_path, kv_role=role)
+    stored = prompt(1)
+    store_chunks(side, stored)
+    a = request(side, "a", stored)  # every chunk block stored: a consumer blends it
+    b = request(side, "b", prompt(2))  # nothing stored: a producer stores it
+    external = side.get_num_new_matched_tokens(a, 0)[0]
+    assert side.get_num_new_matched_tokens(b, 0) == (0, False)
+    meta, _ = step(side, [admit(side, a, external), admit(side, b, 0)], {"a": len(stored) - external, "b": 22})
+    steps = {r.req_id: r for r in meta.requests}
+    if role == "kv_consumer":
+        assert external == len(stored) - 1 and steps["a"].blend is not None
+        assert not any(r.dumps for r in meta.requests)
+    else:
+        assert external == 0 and not any(r.blend or r.chunk_loads or r.prefix_loads for r in meta.requests)
+        assert steps["b"].dumps and steps["a"].dumps  # a's exact prefix blocks were never stored
+
+
+def test_an_unknown_kv_role_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="kv_role must be one of kv_both, kv_producer, kv_consumer"):
+        side_for(tmp_path, kv_role="kv_reader")

@@ -10,6 +10,7 @@ skip the model registration.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -23,7 +24,40 @@ API_SERVER_ENV = "UCM_API_SERVER"
 _API_SERVER_MODULES = ("vllm.entrypoints.launchers.api_server", "vllm.entrypoints.openai.api_server")
 
 
+class _VllmHandler(logging.Handler):
+    """Hands `ucm` records to vLLM's handlers (its format and stream) once vLLM has configured
+    them; before that, or with vLLM's logging off, WARNING and above go where Python would send
+    them without this handler (the root's handlers, else stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        handlers = logging.getLogger("vllm").handlers
+        if handlers:
+            root = logging.getLogger().handlers
+            for handler in handlers:  # not those the record reaches anyway, through the root
+                if handler not in root and record.levelno >= handler.level:
+                    handler.handle(record)
+        elif not logging.getLogger().handlers and record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
+
+
+def share_vllm_logging() -> None:
+    """Log `ucm.*` in vLLM's format at vLLM's level (VLLM_LOGGING_LEVEL, default INFO).
+
+    vLLM configures only its own `vllm` logger, in each process when its engine starts: without
+    this our warnings printed bare and our INFO lines (fallbacks, policy overrides) never showed.
+    Records still propagate to the root logger (an application's own handlers see them too).
+    """
+    ucm = logging.getLogger("ucm")
+    if any(isinstance(h, _VllmHandler) for h in ucm.handlers):
+        return
+    ucm.addHandler(_VllmHandler())
+    if ucm.level == logging.NOTSET:
+        level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+        ucm.setLevel(level if isinstance(logging.getLevelName(level), int) else logging.INFO)
+
+
 def register() -> None:
+    share_vllm_logging()
     if any(m in sys.modules for m in _API_SERVER_MODULES):
         os.environ.setdefault(API_SERVER_ENV, "1")
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory

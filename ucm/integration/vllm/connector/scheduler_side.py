@@ -58,6 +58,7 @@ STEP_CAP_PER_BUDGET = 4
 STAGED_PER_ROW = 8
 # A submitted dump no worker answered for this long is forgotten (the workers give up after dump_timeout_s).
 PENDING_DUMP_SECONDS = 300.0
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 
 
 @dataclass
@@ -114,8 +115,14 @@ def isolation_of(request: Request) -> IsolationKeys:
 
 class SchedulerSide:
     def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
-                 step_budget: int = 8192, num_shards: int = 1):
+                 step_budget: int = 8192, num_shards: int = 1, kv_role: str = "kv_both"):
         self.blend = config.sparse
+        # vLLM's kv_role: a producer stores and never loads (nor blends), a consumer loads and never stores.
+        if kv_role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config.kv_role must be one of {', '.join(KV_ROLES)} for the UCM "
+                             f"connector, got {kv_role!r}")
+        self.loads = kv_role != "kv_producer"
+        self.stores = kv_role != "kv_consumer"
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
         self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens
                          else STEP_CAP_PER_BUDGET * step_budget)
@@ -354,7 +361,7 @@ class SchedulerSide:
         first = num_computed_tokens // bs
         hits = 0
         params, refused = self.request_params(request)
-        use_prefix = params.get(EXACT_PREFIX_PARAM, True) is not False
+        use_prefix = self.loads and params.get(EXACT_PREFIX_PARAM, True) is not False
         # vLLM computes every prompt token of these (its own prefix cache skips them too).
         wants_prompt_logprobs = getattr(getattr(request, "sampling_params", None), "prompt_logprobs", None) is not None
         use_prefix &= not wants_prompt_logprobs
@@ -380,7 +387,7 @@ class SchedulerSide:
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
         state.refused = refused
-        if plan is not None and not params.get(DISABLE_BLEND_PARAM):
+        if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
             end = blend_region_end(plan, prompt_len)
             if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
                 state.fallback = "few_hits"  # vLLM computes it; counted at its first step
@@ -589,7 +596,7 @@ class SchedulerSide:
         return RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled, dumps=dumps)
 
     def _dumps(self, state: _RequestState, computed_end: int) -> list[BlockDump]:
-        if state.untrusted:
+        if state.untrusted or not self.stores:
             return []
         dumps = self._new_dumps(state, computed_end)
         state.num_dumped += len(dumps)

@@ -110,7 +110,8 @@ class UCMConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens,
-                num_shards=vllm_config.parallel_config.tensor_parallel_size)
+                num_shards=vllm_config.parallel_config.tensor_parallel_size,
+                kv_role=vllm_config.kv_transfer_config.kv_role)
         else:
             try:
                 self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)

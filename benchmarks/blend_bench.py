@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +42,9 @@ from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, ModeS
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "musique_dev.json"
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "blend_bench.json"
-DEFAULT_PARETO_OUT = REPO / "benchmarks" / "results" / "blend_pareto.json"
+# Scratch paths: results to keep are written with --out benchmarks/results/...
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "blend_bench.json"
+DEFAULT_PARETO_OUT = Path(tempfile.gettempdir()) / "blend_pareto.json"
 PARETO_RATIOS = (0.05, 0.15, 0.3, 0.5)
 PARETO_RULES = ("query", "hkvd", "key_l1", "key_l2")  # ours, CacheBlend's, UCM's, LMCache's
 PARETO_CHUNK_START = (8, 16, 32)  # EPIC's k
@@ -81,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="measure the next-token KL to full prefill over this many answer tokens (one extra "
                         "request per token and mode; default 4 with --pareto, else 0)")
     p.add_argument("--out", default=None,
-                   help=f"JSON result file (default with --sweep: {DEFAULT_OUT.relative_to(REPO)}); "
+                   help=f"JSON result file (default with --sweep: {DEFAULT_OUT}; with --pareto: {DEFAULT_PARETO_OUT}); "
                         "the PNG goes next to it")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"),

@@ -173,7 +173,7 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
-SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py")
+SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # RAG request streams against plain vLLM (benchmarks/rag_traffic.py): (file, title, command, file whose plain
 # runs a Blend-only run is compared with: the same stream and plain server)
 TRAFFIC_RUNS = [
@@ -201,7 +201,7 @@ TRAFFIC_RUNS = [
      "'{\"max_step_tokens\": 2048}' --out benchmarks/results/rag_traffic_zipf_unequal_cores.json, before the "
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
-FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py")
+FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
                      "after indexing: its Blend times include waiting for the indexing dumps, most at k = 7)")

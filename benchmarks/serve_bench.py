@@ -38,7 +38,7 @@ from _serving import (DTYPE, REPO, blend_config, counters, free_port, load_examp
                       stop_server, wait_healthy)
 from ucm.config import KV_SHIFT_DEFAULT
 
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "serve_bench.json"
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "serve_bench.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
 TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 

@@ -43,7 +43,6 @@ import xxhash
 from ucm.store import UcmNfsStore
 from ucm.store.block_format import HEADER_REGION, PREFIX, file_size
 
-RESULTS = Path(__file__).parent / "results"
 
 
 def key_of(i: int) -> bytes:
@@ -363,10 +362,10 @@ def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI scale: seconds, not minutes")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (default: results/store_faults[_quick].json)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default: store_faults[_quick].json in the temporary directory)")
     args = ap.parse_args()
     q = args.quick
-    out = args.out or RESULTS / ("store_faults_quick.json" if q else "store_faults.json")
+    out = args.out or Path(tempfile.gettempdir()) / ("store_faults_quick.json" if q else "store_faults.json")
     scenarios = {
         "concurrency": lambda d: concurrency(d, procs=4 if q else 8, seconds=4 if q else 60),
         "sigkill": lambda d: sigkill(d, kills=3 if q else 30),

@@ -622,7 +622,7 @@ class SchedulerSide:
             return dumps
         # Exact blocks hold the prompt's KV up to `covered` now and up to `coverable` once computed.
         coverable = min(state.exact_limit, state.prompt_len) // bs * bs
-        covered = min(end, coverable) // bs * bs
+        covered = end // bs * bs
         for i, blk in enumerate(plan.blocks):
             if blk.hit or i in state.dumped_chunk_blocks or blk.tokens.end > min(computed_end, state.prompt_len):
                 continue

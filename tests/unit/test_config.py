@@ -390,9 +390,18 @@ def test_a_typo_of_a_known_key_fails_naming_the_key(path, typo, meant):
 def test_unknown_store_key_warns_via_the_store_parser(caplog):
     extra = example()
     extra["ucm_connectors"][0]["ucm_connector_config"]["prefetch_depth"] = 8
-    with caplog.at_level(logging.WARNING), pytest.warns(UserWarning, match="prefetch_depth"):
+    with caplog.at_level(logging.WARNING):
         parse(extra)
-    assert "prefetch_depth" in caplog.text
+    assert caplog.text.count("prefetch_depth") == 1, "warned once, through the log"
+
+
+def test_ucm_top_level_keys_are_accepted_without_effect(caplog):
+    extra = example()
+    extra.update(load_only_first_rank=False, use_layerwise=False, metrics_config_path="/tmp/metrics.yaml")
+    with caplog.at_level(logging.INFO, logger="ucm.config"):
+        parse(extra)
+    assert "unknown" not in caplog.text
+    assert caplog.text.count("has no effect here") == 3
 
 
 def test_ucm_schema_store_keys_are_accepted_without_effect(caplog):

@@ -227,7 +227,7 @@ def _m(q, mode, ratio, ttft, answer, gold_f1, report=None, vs_full=None, agree=N
 
 def test_summary_medians_speedup_quality_and_counters():
     hit = {"blended": True, "chunk_hit_tokens": 90, "chunk_hit_blocks": 3, "chunk_blocks": 3}
-    counted = {"recomputed_tokens": 15, "reused_tokens": 75, "load_bytes": 2_500_000, "load_ms": 30.0}
+    counted = {"recomputed_tokens": 15, "reused_tokens": 75, "load_bytes": 2_500_000, "load_seconds": 0.03}
     rows = [
         _m(0, "full prefill", None, 4.0, "a", 1.0), _m(1, "full prefill", None, 6.0, "b", 0.0),
         _m(2, "full prefill", None, 5.0, "c", 1.0),

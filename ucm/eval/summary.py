@@ -40,7 +40,7 @@ class ModeSummary:
     recomputed_tokens: int = 0
     reused_tokens: int = 0
     load_bytes: int = 0
-    load_ms: float = 0.0
+    load_seconds: float = 0.0
     # Paired with full prefill question by question: this mode's F1 gold minus full prefill's.
     f1_gold_delta: float | None = None
     # 95% bootstrap intervals over the questions (None for full prefill itself or one question).
@@ -95,7 +95,7 @@ def summarize(measurements: Sequence[Measurement], modes: Sequence[Mode]) -> lis
             chunk_blocks=total("chunk_blocks"), external_prefix_tokens=total("external_prefix_tokens"),
             dumped_blocks=total("dumped_blocks"),
             recomputed_tokens=int(counted("recomputed_tokens")), reused_tokens=int(counted("reused_tokens")),
-            load_bytes=int(counted("load_bytes")), load_ms=float(counted("load_ms")),
+            load_bytes=int(counted("load_bytes")), load_seconds=float(counted("load_seconds")),
             f1_gold_delta=statistics.mean(deltas) if deltas else None, f1_gold_delta_ci=bootstrap_ci(deltas),
             f1_vs_full_ci=bootstrap_ci(vs_full), agree_pct_ci=bootstrap_ci([100.0 * a for a in agree]),
             kl_vs_full=statistics.mean(kls) if kls else None, kl_vs_full_ci=bootstrap_ci(kls),
@@ -146,7 +146,7 @@ def format_cache_table(summaries: Sequence[ModeSummary]) -> str:
     rows = [[
         s.mode, f"{s.blended}/{s.n}", f"{s.chunk_hit_blocks}/{s.chunk_blocks}", str(s.chunk_hit_tokens),
         f"{s.recomputed_tokens} ({s.recomputed_pct:.1f}%)" if s.recomputed_pct is not None else "-",
-        f"{s.load_bytes / 1e6:.1f}", f"{s.load_ms / s.n:.0f}" if s.load_ms else "-", str(s.dumped_blocks),
+        f"{s.load_bytes / 1e6:.1f}", f"{1000 * s.load_seconds / s.n:.0f}" if s.load_seconds else "-", str(s.dumped_blocks),
     ] for s in summaries]
     return _aligned(header, rows)
 

@@ -54,6 +54,9 @@ class BlockHeader:
     header_xxh64: int = 0
 
 
+_HEADER_FIELDS = ("version", "payload_offset", "payload_len", "token_count", "xxh64", "key", "header_xxh64")
+
+
 def header_digest(h: BlockHeader) -> int:
     """XXH64 of the header fields other than itself (must match csrc/store_io.cpp)."""
     fields = struct.pack("<5Q", h.version, h.payload_offset, h.payload_len, h.token_count, h.xxh64)
@@ -73,19 +76,26 @@ def parse_header(region: bytes) -> BlockHeader:
         raise ValueError(f"bad magic {magic!r}")
     if PREFIX.size + length > min(len(region), HEADER_REGION):
         raise ValueError(f"header length {length} exceeds the header region")
-    fields = msgpack.unpackb(region[PREFIX.size : PREFIX.size + length], raw=False)
+    # The first msgpack object is the header; what follows it up to `length` is ignored, as the
+    # native reader does (the fields are covered by header_xxh64, trailing bytes are not).
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=HEADER_REGION)
+    unpacker.feed(region[PREFIX.size : PREFIX.size + length])
     try:
-        header = BlockHeader(
-            version=fields["version"],
-            payload_offset=fields["payload_offset"],
-            payload_len=fields["payload_len"],
-            token_count=fields["token_count"],
-            xxh64=fields["xxh64"],
-            key=fields["key"],
-            header_xxh64=fields["header_xxh64"],
-        )
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"incomplete block header: {e}") from e
+        fields = unpacker.unpack()
+    except Exception as e:  # msgpack's errors for malformed input are not all ValueErrors
+        raise ValueError(f"unreadable block header: {e}") from e
+    if not isinstance(fields, dict):
+        raise ValueError(f"block header is a {type(fields).__name__}, not a map")
+    try:
+        header = BlockHeader(**{name: fields[name] for name in _HEADER_FIELDS})
+    except KeyError as e:
+        raise ValueError(f"incomplete block header: missing {e}") from e
+    for name in _HEADER_FIELDS:
+        value = getattr(header, name)
+        if name == "key" and not isinstance(value, bytes):
+            raise ValueError(f"block header key is a {type(value).__name__}, not bytes")
+        if name != "key" and not (type(value) is int and 0 <= value < 1 << 64):
+            raise ValueError(f"block header {name} is not a u64: {value!r}")
     if header.version != FORMAT_VERSION:
         raise ValueError(f"unsupported block format version {header.version}")
     if header_digest(header) != header.header_xxh64:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -19,7 +18,13 @@ UCM_NO_EFFECT_KEYS = frozenset({"kv_block_size", "use_layerwise", "load_only_fir
 
 
 def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (the keys are short)."""
+    """Levenshtein distance (the keys are short).
+
+    Kept instead of difflib.get_close_matches: no cutoff of its similarity ratio separates typos
+    from keys that are merely alike. 'ucm_connector_cfg' (0.92 to ucm_connector_config) and
+    'chunk_end_token' (0.91 to chunk_end_token_id) are other keys, 'ratios' (0.91 to ratio) is a
+    typo. "One or two edits" is a rule users can predict.
+    """
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         cur = [i]
@@ -47,9 +52,7 @@ def check_unknown_keys(d: Mapping[str, Any], known: set[str] | frozenset[str], w
         if key in no_effect:
             logger.info("%s: %r has no effect here (accepted for compatibility)", where, key)
         else:
-            msg = f"{where}: unknown key {key!r} ignored"
-            warnings.warn(msg, stacklevel=3)
-            logger.warning(msg)
+            logger.warning("%s: unknown key %r ignored", where, key)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,27 @@ def test_scheduler_sets_kv_load_failure_policy_to_recompute(model_dir, tmp_path)
     assert config.kv_transfer_config.kv_load_failure_policy == "recompute"
 
 
+def test_blend_leaves_room_in_each_step_for_blend_requests(model_dir, tmp_path):
+    """A running long prefill takes at most the budget less an eighth, so a blend request waiting
+    behind it (one scheduled token) gets the next step; vLLM's scheduler reads the threshold at
+    every step from this same SchedulerConfig."""
+    config = vllm_config(model_dir, extra_config(tmp_path / "store"))
+    budget = config.scheduler_config.max_num_batched_tokens
+    assert config.scheduler_config.long_prefill_token_threshold == 0  # vLLM's default
+    build_and_close(config, "SCHEDULER")
+    assert config.scheduler_config.long_prefill_token_threshold == budget - budget // 8
+
+
+@pytest.mark.parametrize("case", ["user_set", "no_blend", "producer"])
+def test_long_prefill_threshold_is_left_alone(model_dir, tmp_path, case):
+    engine_kw = {"long_prefill_token_threshold": 512} if case == "user_set" else {}
+    config = vllm_config(model_dir, extra_config(tmp_path / "store", blend=case != "no_blend"), **engine_kw)
+    if case == "producer":
+        config.kv_transfer_config.kv_role = "kv_producer"
+    build_and_close(config, "SCHEDULER")
+    assert config.scheduler_config.long_prefill_token_threshold == (512 if case == "user_set" else 0)
+
+
 def test_vllm_factory_builds_the_connector_by_name(model_dir, tmp_path):
     """The `vllm.general_plugins` entry point registers "UCMConnector"; no module path is needed."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory

@@ -216,7 +216,7 @@ def test_a_store_lookup_past_its_timeout_computes_the_request_in_full_and_counts
     assert not any(side.store.lookup(slow))
     req = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
-    assert side.stats.data["lookup_timeouts"] > 0
+    assert side.stats.data["lookup_timeout_blocks"] > 0
     meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
     assert all(not r.blend and not r.chunk_loads for r in meta.requests)
     assert not side.request_finished(req)["ucm"]["blended"]

@@ -18,10 +18,10 @@ def test_add_take_and_aggregate_like_vllm():
     worker0, worker1, scheduler = UCMConnectorStats(), UCMConnectorStats(), UCMConnectorStats()
     worker0.add("loaded_blocks", 3)
     worker0.add("load_bytes", 3_000_000)
-    worker0.add("load_ms", 2.0)
+    worker0.add("load_seconds", 0.5)
     worker1.add("loaded_blocks", 3)
     worker1.add("load_bytes", 3_000_000)
-    worker1.add("load_ms", 1.0)
+    worker1.add("load_seconds", 0.25)
     scheduler.add("requests")
     scheduler.add("chunk_hit_tokens", 48)
     scheduler.add("failed_blocks", 0)  # zero adds nothing
@@ -32,11 +32,11 @@ def test_add_take_and_aggregate_like_vllm():
 
     # vLLM: the first worker's object accumulates the others, then the scheduler's.
     total = pickle.loads(pickle.dumps(taken[0])).aggregate(taken[1]).aggregate(taken[2])
-    assert total.data == {"loaded_blocks": 6, "load_bytes": 6_000_000, "load_ms": 3.0, "requests": 1,
+    assert total.data == {"loaded_blocks": 6, "load_bytes": 6_000_000, "load_seconds": 0.75, "requests": 1,
                           "chunk_hit_tokens": 48}
     rebuilt = UCMConnector.build_kv_connector_stats(total.to_dict())
     assert isinstance(rebuilt, UCMConnectorStats) and rebuilt.data == total.data
-    assert rebuilt.reduce()["load_GB_per_s"] == pytest.approx(2.0)
+    assert rebuilt.reduce()["load_GB_per_s"] == pytest.approx(0.01)
     # The worker's own counts were not changed by aggregation on the receiving side.
     assert taken[1].data["loaded_blocks"] == 3
 

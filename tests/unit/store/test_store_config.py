@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from ucm.store import DramStore, NfsStoreConfig, UcmNfsStore, create_store
@@ -43,13 +45,14 @@ def test_bad_values_name_the_key(key, value):
         NfsStoreConfig.from_dict(config)
 
 
-def test_missing_backends_and_unknown_keys():
+def test_missing_backends_and_unknown_keys(caplog):
     with pytest.raises(ValueError, match="storage_backends"):
         NfsStoreConfig.from_dict({"capacity_gb": 1})
     with pytest.raises(ValueError, match="unknown key 'io_thread'; did you mean 'io_threads'"):
         NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "io_thread": 4})
-    with pytest.warns(UserWarning, match="prefetch_depth"):
+    with caplog.at_level(logging.WARNING, logger="ucm.store.config"):
         NfsStoreConfig.from_dict({"storage_backends": "/tmp/x", "prefetch_depth": 4})
+    assert "unknown key 'prefetch_depth' ignored" in caplog.text
 
 
 def test_capacity_below_one_block_is_an_error_not_unlimited():

@@ -176,10 +176,10 @@ class SchedulerSide:
         keys = [self.key(kind, h) for h in hashes]
         start = time.perf_counter()
         found = self.store.lookup_shards(keys, self.num_shards)
-        self.stats.add("lookup_ms", 1000.0 * (time.perf_counter() - start))
+        self.stats.add("lookup_seconds", time.perf_counter() - start)
         timeouts = self.store.stats().lookup_timeouts
         if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
-            self.stats.add("lookup_timeouts", timeouts - self._lookup_timeouts)
+            self.stats.add("lookup_timeout_blocks", timeouts - self._lookup_timeouts)
             self._lookup_timeouts = timeouts
         if self._pending and any(not f and k in self._pending for f, k in zip(found, keys)):
             self._awaited = True
@@ -197,7 +197,7 @@ class SchedulerSide:
             self._awaited |= any(not hit and k in coming for hit, k in zip(hits, keys))
         records = [bytearray(REF_BYTES) for _ in found]
         ok = self.store.wait(self.store.load([keys[i] for i in found], records)) if found else []
-        self.stats.add("lookup_ms", 1000.0 * (time.perf_counter() - start))
+        self.stats.add("lookup_seconds", time.perf_counter() - start)
         refs: dict[int, ChunkRef] = {}
         for i, record, good in zip(found, records, ok):
             ref = decode_ref(record, blocks[i][1], self.block_size) if good else None

@@ -33,20 +33,20 @@ COUNTERS: dict[str, str] = {
     "blend_fallbacks_load_failed": "Requests with a failed or timed-out load (failed chunk blocks computed in full, a failed prefix recomputed; nothing of theirs stored)",
     "blend_fallbacks_forward_missing": "Blend requests whose region the model forward did not run (not the Blend model class; nothing of the step stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
-    "lookup_ms": "Milliseconds the scheduler spent in store lookups",
+    "lookup_seconds": "Seconds the scheduler spent in store lookups",
     "chunk_ref_hit_blocks": "Chunk blocks found as references to stored exact blocks (and read from those)",
     "chunk_refs_stored": "Chunk blocks stored as references to their prompt's exact blocks instead of a copy of their KV",
     "chunk_refs_failed": "Chunk block references the store did not write",
-    "lookup_timeouts": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
+    "lookup_timeout_blocks": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
-    "load_timeouts": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
-    "dump_timeouts": "Blocks whose store dump passed dump_timeout_s (not waited for; recomputed if not stored)",
+    "load_timeout_blocks": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
+    "dump_timeout_blocks": "Blocks whose store dump passed dump_timeout_s (not waited for; recomputed if not stored)",
     "load_bytes": "Bytes loaded from the store",
-    "load_ms": "Milliseconds spent loading and placing KV before the forward",
+    "load_seconds": "Seconds spent loading and placing KV before the forward",
     "dumped_blocks": "Blocks handed to the store",
-    "dump_ms": "Milliseconds the worker spent gathering KV for dumps and handing it to the store, after the forward",
+    "dump_seconds": "Seconds the worker spent gathering KV for dumps and handing it to the store, after the forward",
     "dumps_dropped": "Blocks not handed to the store because its queue of unwritten dumps was full (dump_queue_mb)",
     "dumps_refused": "Blocks not handed to the store because their KV could not be trusted (a failed load of their request, or a Blend region the forward did not run)",
     "dump_bytes": "Bytes handed to the store",
@@ -76,9 +76,9 @@ class UCMConnectorStats(KVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        out: dict[str, int | float] = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.data.items()}
-        if self.data.get("load_ms"):
-            out["load_GB_per_s"] = round(self.data.get("load_bytes", 0) / self.data["load_ms"] / 1e6, 2)
+        out: dict[str, int | float] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.data.items()}
+        if self.data.get("load_seconds"):
+            out["load_GB_per_s"] = round(self.data.get("load_bytes", 0) / self.data["load_seconds"] / 1e9, 2)
         return out
 
     def is_empty(self) -> bool:

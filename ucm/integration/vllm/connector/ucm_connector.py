@@ -67,6 +67,32 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
     return "|".join(parts).encode()
 
 
+# With Blend on, a running long prefill leaves 1/HOL_RESERVE_DIVISOR of vLLM's step budget to the
+# requests behind it (docs/serving.md, "Head-of-line blocking").
+HOL_RESERVE_DIVISOR = 8
+
+
+def leave_room_for_blend(scheduler_config) -> int | None:
+    """Sets vLLM's long_prefill_token_threshold to the budget less a reserve, when the user left it 0.
+
+    A blend request whose region is loaded needs one scheduled token, but vLLM's FCFS chunked
+    prefill hands the whole step budget to the running prefill in front of it, so the blend
+    request waits for that whole prefill (seconds per 2k tokens on CPU). Capping every prefill's
+    share of a step at budget - budget/8 lets the next blend request in at the next step, at the
+    cost of an eighth of a step for the long prefill. vLLM applies the threshold only when more
+    than one request is queued or running. A value the user set (--long-prefill-token-threshold)
+    is kept; setting it to max_num_batched_tokens turns this off. Returns the value set, or None.
+    """
+    if scheduler_config.long_prefill_token_threshold:
+        return None
+    budget = scheduler_config.max_num_batched_tokens
+    threshold = budget - max(1, budget // HOL_RESERVE_DIVISOR)
+    if threshold < 1:
+        return None
+    scheduler_config.long_prefill_token_threshold = threshold
+    return threshold
+
+
 def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
     mc = vllm_config.model_config
     archs = getattr(mc.hf_config, "architectures", None) or []
@@ -107,6 +133,12 @@ class UCMConnector(KVConnectorBase_V1):
             if vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute":
                 logger.info("UCMConnector sets kv_load_failure_policy='recompute': a store miss is recomputed")
                 vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
+            if blend is not None and vllm_config.kv_transfer_config.kv_role != "kv_producer":
+                threshold = leave_room_for_blend(vllm_config.scheduler_config)
+                if threshold is not None:
+                    logger.info("UCMConnector sets long_prefill_token_threshold=%d (max_num_batched_tokens less "
+                                "1/%d): a long prefill no longer holds back blend requests behind it; "
+                                "--long-prefill-token-threshold overrides it", threshold, HOL_RESERVE_DIVISOR)
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens,

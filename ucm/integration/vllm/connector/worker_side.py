@@ -218,7 +218,7 @@ class WorkerSide:
         ok = self.store.wait(task)
         if task.timed_out:  # IO threads may still write the staging buffer: never reuse it
             self._staging_buf = None
-            self.stats.add("load_timeouts", len(keys) - sum(ok))
+            self.stats.add("load_timeout_blocks", len(keys) - sum(ok))
 
         for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
             if good:
@@ -257,7 +257,7 @@ class WorkerSide:
                                          self.check_layer, self.layout, self.caches, self.stats,
                                          None if self._cos_sin is None else (self._cos_sin, self._is_neox))
         elapsed = time.perf_counter() - start
-        self.stats.add("load_ms", 1000.0 * elapsed)
+        self.stats.add("load_seconds", elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
 
     def _region_rows(self, req: RequestStep) -> RegionRows:
@@ -379,7 +379,7 @@ class WorkerSide:
                                [d.num_tokens for _, d in dumps])
         self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
         self._pending_bytes += nbytes
-        self.stats.add("dump_ms", 1000.0 * (time.perf_counter() - start))
+        self.stats.add("dump_seconds", time.perf_counter() - start)
         self.stats.add("dumped_blocks", len(dumps))
         self.stats.add("dump_bytes", nbytes)
 
@@ -419,7 +419,7 @@ class WorkerSide:
                     else:
                         self._report.not_stored.add(key)
                 if p.task.timed_out:  # a hung mount: the step goes on, the blocks may not be stored
-                    self.stats.add("dump_timeouts", failed)
+                    self.stats.add("dump_timeout_blocks", failed)
                 if failed:  # a full store under capacity_gb refuses some on every step: say it once
                     log = logger.debug if self._dump_failure_logged else logger.warning
                     self._dump_failure_logged = True

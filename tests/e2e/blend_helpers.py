@@ -22,6 +22,7 @@ class Result:
     tokens: list[int]
     logprobs: list[float]
     report: dict  # RequestOutput.kv_transfer_params["ucm"]: what the cache did for the request
+    cached_tokens: int | None = None  # RequestOutput.num_cached_tokens (the API's usage.cached_tokens)
 
 
 def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None, chunk_start_tokens=None,
@@ -46,7 +47,7 @@ def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix
 def result(out) -> Result:
     comp = out.outputs[0]
     lps = [lp[t].logprob for t, lp in zip(comp.token_ids, comp.logprobs)]
-    return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}))
+    return Result(list(comp.token_ids), lps, (out.kv_transfer_params or {}).get("ucm", {}), out.num_cached_tokens)
 
 
 def run(llm, token_ids, cache_salt=None, lora_request=None, **kw) -> Result:

@@ -256,6 +256,12 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     cfg = blend_llm.llm_engine.model_config
     bytes_per_token = cfg.hf_text_config.num_hidden_layers * 2 * cfg.get_total_num_kv_heads() * cfg.get_head_size() * 4
     assert d["load_bytes"] >= loaded * bytes_per_token and d["load_seconds"] > 0
+    # vLLM's cached tokens are the KV served and kept: the prefixes and the reused chunk tokens,
+    # not the misses, the question or the recomputed rows of the Blend region.
+    assert second.cached_tokens == pytest.approx(
+        d.get("local_prefix_tokens", 0) + second.report["external_prefix_tokens"] + d["reused_tokens"], abs=1)
+    assert first.cached_tokens == (c1.get("local_prefix_tokens", 0) - c0.get("local_prefix_tokens", 0)
+                                   + first.report["external_prefix_tokens"])
 
 
 def test_preempted_blend_request_answers_as_unpreempted(model_dir, tmp_path, engine_factory):

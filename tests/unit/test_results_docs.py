@@ -27,3 +27,18 @@ def test_readme_headline_is_the_json_printed():
     block = readme.split(mr.HEADLINE_BEGIN, 1)[1].split(mr.HEADLINE_END, 1)[0]
     assert block.strip() == mr.headline().strip()
     assert "| `vllm serve`" in block  # the serving row exists: serve_bench.json is in the repository
+
+
+def test_relative_links_and_named_result_files_exist():
+    """Every relative link of README.md and docs/*.md resolves, and every results JSON the prose
+    names (`something.json`) is in benchmarks/results/."""
+    import re
+
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+            if not link.startswith(("http://", "https://")):
+                assert (page.parent / link).exists(), f"{page.name}: broken link {link}"
+        for name in set(re.findall(r"`([a-z0-9_]+\.json)`", text)):
+            assert (REPO / "benchmarks" / "results" / name).exists() or name in ("config.json",), \
+                f"{page.name} names {name}, which is not in benchmarks/results/"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -143,6 +144,11 @@ def _backends(value: Any) -> tuple[str, ...]:
     parts = [p.strip() for p in parts]
     if not parts or any(not p for p in parts):
         raise ValueError(f"storage_backends has an empty directory: {value!r}")
+    relative = [d for d in parts if not os.path.isabs(d)]
+    if relative:  # every instance must name the same directories: say where a relative one landed
+        parts = [os.path.abspath(d) for d in parts]
+        logger.warning("storage_backends: relative %s resolved against the working directory %s: %s",
+                       ", ".join(map(repr, relative)), os.getcwd(), ":".join(parts))
     if len(set(parts)) != len(parts):
         raise ValueError(f"storage_backends lists a directory twice: {value!r}")
     return tuple(parts)

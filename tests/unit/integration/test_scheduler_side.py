@@ -611,3 +611,22 @@ def test_kv_role_consumer_loads_only_and_producer_stores_only(tmp_path, role):
 def test_an_unknown_kv_role_is_refused(tmp_path):
     with pytest.raises(ValueError, match="kv_role must be one of kv_both, kv_producer, kv_consumer"):
         side_for(tmp_path, kv_role="kv_reader")
+
+
+def test_only_reused_kv_counts_as_cached_in_vllms_prefill_statistics(tmp_path):
+    """vLLM sets a request's prefill statistics with every external token as cached just before
+    update_state_after_alloc; a blended request's misses, question and recomputed rows are computed."""
+    from vllm.v1.metrics.stats import PrefillStats
+
+    side = side_for(tmp_path)  # ratio 0.5
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    req.num_preemptions, req.prefill_stats = 0, PrefillStats()
+    external, _ = side.get_num_new_matched_tokens(req, 0)
+    req.prefill_stats.set(num_prompt_tokens=len(tokens), num_local_cached_tokens=0, num_external_cached_tokens=external)
+    admit(side, req, external)
+    loaded = 19
+    recomputed = -(-loaded // 2)  # ceil(0.5 x 19)
+    assert req.prefill_stats.num_cached_tokens == loaded - recomputed
+    assert req.prefill_stats.num_computed_tokens == len(tokens) - (loaded - recomputed)

@@ -80,3 +80,11 @@ def test_factory_builds_known_stores_and_lists_them_otherwise(tmp_path):
         create_store("NfsStore", {})
     with pytest.raises(ValueError, match="capacity_gb"):
         create_store("UcmDramStore", {"capacity_gb": 0})
+
+
+def test_relative_backend_is_resolved_and_said(caplog, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ucm.store.config"):
+        config = NfsStoreConfig.from_dict({"storage_backends": "kv:/abs/kv"})
+    assert config.storage_backends == (str(tmp_path / "kv"), "/abs/kv")
+    assert "relative 'kv' resolved against the working directory" in caplog.text

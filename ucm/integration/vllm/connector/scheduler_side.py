@@ -113,6 +113,19 @@ def isolation_of(request: Request) -> IsolationKeys:
                          getattr(request, "cache_salt", None) or None)
 
 
+def count_only_reused_as_cached(request: Request, computed_in_region: int) -> None:
+    """vLLM counts every external token as cached in the request's prefill statistics (set just
+    before update_state_after_alloc); a Blend region's misses, question and recomputed rows are
+    computed. Moves them to computed, so `num_cached_tokens` (the API's usage.cached_tokens) and
+    vLLM's prompt-token metrics count only KV served and kept. Preempted requests' statistics are
+    not set again by vLLM, nor here."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None or request.num_preemptions > 0 or not computed_in_region:
+        return
+    external = max(0, stats.num_external_cached_tokens - computed_in_region)
+    stats.set(stats.num_prompt_tokens, stats.num_local_cached_tokens, external)
+
+
 class SchedulerSide:
     def __init__(self, config: UCMConfig, store: KVStoreBase, namespace: bytes, block_size: int, hash_algo: str,
                  step_budget: int = 8192, num_shards: int = 1, kv_role: str = "kv_both"):
@@ -418,6 +431,7 @@ class SchedulerSide:
         if state.blending:
             self._step_work += state.work
             self._step_staged += state.staged
+            count_only_reused_as_cached(request, state.work)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
         self._reap_ref_writes()

@@ -32,7 +32,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
                             plus_chunk_start, plus_kv_shift)
-from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+from ucm.eval.engine import (HelpFormatter, add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
                              run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
@@ -51,16 +51,16 @@ PARETO_CHUNK_START = (8, 16, 32)  # EPIC's k
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
                    help="model directory (env MODEL_PATH; default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dataset", default=None,
-                   help=f"CacheBlend JSON or LongBench JSONL (default: {DEFAULT_DATASET} if it exists, else generated)")
+                   help=f"CacheBlend JSON or LongBench JSONL (none: {DEFAULT_DATASET} if it exists, else generated)")
     p.add_argument("--generated", action="store_true", help="use the generated data set even if MuSiQue exists")
     add_run_args(p, num_questions=5, passages=10, passage_words=450, selections=("query", "hkvd"))
     p.add_argument("--sweep", action="store_true", help="measure every ratio of --ratios and write JSON (+ PNG)")
     p.add_argument("--ratios", type=_ratios, default=list(SWEEP_RATIOS),
-                   help="comma-separated ratios of --sweep (default " + ",".join(f"{r:g}" for r in SWEEP_RATIOS) + ")")
+                   help="comma-separated ratios of --sweep")
     p.add_argument("--pareto", action="store_true",
                    help="every rule (" + ", ".join(PARETO_RULES) + ") at --ratios (default "
                         + ",".join(f"{r:g}" for r in PARETO_RATIOS) + "), EPIC's chunk_start at --chunk-start "

@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 from ucm.eval.prompts import build_prompt, chunk_end_token_id
+from ucm.eval.engine import HelpFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--num-questions", type=int, default=3)
     p.add_argument("--hits", default="0,1,2,3,5,10", help="passages cached per measurement (comma-separated)")
     p.add_argument("--ratio", type=float, default=0.15)

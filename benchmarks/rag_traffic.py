@@ -56,6 +56,7 @@ from pathlib import Path
 
 from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server, stop_server,
                       wait_healthy)
+from ucm.eval.engine import HelpFormatter
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
@@ -65,16 +66,12 @@ SERVERS = ("plain", "blend")
 SERVE_FLAGS = ["--enable-prefix-caching", "--enable-per-request-metrics", "--enable-prompt-tokens-details"]
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown; the examples above kept as written."""
-
-
 def _list(kind):  # "1,2" -> [1, 2]; argparse converts string defaults too
     return lambda text: [kind(x) for x in text.split(",") if x]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_Help)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
                    help="model directory, env MODEL_PATH; None: the embedded one")
     p.add_argument("--num-requests", type=int, default=100, help="requests in the stream")

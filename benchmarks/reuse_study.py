@@ -29,6 +29,7 @@ prefill's first 2 answer tokens, and whether the 16-token greedy answer is the s
 from __future__ import annotations
 
 import argparse
+import tempfile
 import json
 import statistics
 import sys
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ucm.eval.datasets import generate_synthetic  # noqa: E402
+from ucm.eval.engine import HelpFormatter  # noqa: E402
 from ucm.eval.metrics import normalize_answer, short_answer  # noqa: E402
 from ucm.eval.prompts import RELATED, build_prompt, chunk_end_token_id  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
@@ -264,7 +266,7 @@ def topk_mask(score: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Te
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--num-questions", type=int, default=50)
     p.add_argument("--passages", type=int, default=6)
     p.add_argument("--passage-words", type=int, default=250)
@@ -278,7 +280,8 @@ def main(argv=None) -> int:
     p.add_argument("--shift-parts", action="store_true", help="also the shift of V alone and of K alone")
     p.add_argument("--no-chunks", action="store_true", help="leave out the whole-chunk variants")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reuse_study.json"))
+    p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "reuse_study.json"),
+                   help="JSON (committed results: benchmarks/results/reuse_study*.json, named explicitly)")
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     from ucm.models import prepare

@@ -37,6 +37,7 @@ from pathlib import Path
 from _serving import (DTYPE, REPO, blend_config, counters, free_port, load_examples, percentile, start_server,
                       stop_server, wait_healthy)
 from ucm.config import KV_SHIFT_DEFAULT
+from ucm.eval.engine import HelpFormatter
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "serve_bench.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
@@ -44,8 +45,8 @@ TENANT = "serve-bench"  # cache_salt of the indexing and the Blend requests
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (default: the embedded one)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (env MODEL_PATH; none: the embedded one)")
     p.add_argument("--num-questions", type=int, default=8)
     p.add_argument("--skip-questions", type=int, default=0, help="start at this question of the data set")
     p.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")

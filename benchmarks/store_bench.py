@@ -19,15 +19,16 @@ import time
 import numpy as np
 
 from ucm.store import UcmNfsStore
+from ucm.eval.engine import HelpFormatter
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS, DTYPE_BYTES = 30, 3, 64, 128, 4
 BLOCK_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * BLOCK_TOKENS * DTYPE_BYTES
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=200, help="blocks to dump and load (default 200, ~1.2 GB)")
-    ap.add_argument("--dir", default=None, help="directory to use (default: a fresh temp dir, removed after)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--blocks", type=int, default=200, help="blocks to dump and load (200: ~1.2 GB)")
+    ap.add_argument("--dir", default=None, help="directory to use (none: a fresh temp dir, removed after)")
     ap.add_argument("--threads", type=int, default=4, help="io_threads of the store")
     ap.add_argument("--batch", type=int, default=16, help="blocks per load/dump call")
     ap.add_argument("--lookup-keys", type=int, default=10_000)

@@ -41,6 +41,7 @@ import numpy as np
 import xxhash
 
 from ucm.store import UcmNfsStore
+from ucm.eval.engine import HelpFormatter
 from ucm.store.block_format import HEADER_REGION, PREFIX, file_size
 
 
@@ -360,9 +361,9 @@ def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI scale: seconds, not minutes")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (default: store_faults[_quick].json in the temporary directory)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (none: store_faults[_quick].json in the temporary directory)")
     args = ap.parse_args()
     q = args.quick
     out = args.out or Path(tempfile.gettempdir()) / ("store_faults_quick.json" if q else "store_faults.json")

@@ -38,7 +38,7 @@ if not VERBOSE:
     warnings.simplefilter("ignore", FutureWarning)
 
 from ucm.eval.modes import modes_for  # noqa: E402
-from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+from ucm.eval.engine import (HelpFormatter, add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
                              run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summarize, unexpected_reports,  # noqa: E402
@@ -46,7 +46,7 @@ from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summa
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (env MODEL_PATH)")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"), help="KV store directory (env DATA_DIR)")
     p.add_argument("--dataset", default=os.environ.get("BLEND_DATASET_PATH"), help="data set file (env BLEND_DATASET_PATH)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
 import signal
@@ -18,10 +19,20 @@ from ucm.store.config import GB
 from ucm.eval.modes import DEFAULT_RATIO, parse_selections
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help of every script: the description as written, each option's default shown (where it
+    has one that says something) from the parser itself, never hand-typed."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, "", argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = ",".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) else "%(default)s"
+        return f"{text} (default: {default})" if text else f"(default: {default})"
+
+
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """A parser raising ValueError, as an argparse type (whose error message argparse shows)."""
-    import argparse
-
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -38,31 +49,31 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help="start at question N of the data set (for generated sets: the questions a run of N + "
                         "num-questions would end with, so later questions are held out from earlier runs)")
     p.add_argument("--passages", type=int, default=passages,
-                   help=f"passages per generated question (default {passages})")
+                   help="passages per generated question")
     p.add_argument("--passage-words", type=int, default=passage_words,
-                   help=f"words per generated passage (default {passage_words})")
-    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens (default 16)")
+                   help="words per generated passage")
+    p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens")
     p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
-                   help=f"Blend recompute ratio of the 'blend' mode (default {DEFAULT_RATIO})")
+                   help="Blend recompute ratio of the 'blend' mode")
     p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
                    help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
                         "of the question per cost x deviation, the default rule), 'hkvd' (V deviation alone, "
                         "CacheBlend's rule), 'key_l1' / 'key_l2' (K deviation: UCM's / LMCache's rules), "
                         "'chunk_start' (EPIC: the first tokens of every chunk) and/or 'oracle' (a diagnostic "
                         "ranking from a full prefill run first, a reference for the others; its TTFT is not "
-                        f"Blend's) (default {','.join(selections)})")
+                        "Blend's)")
     p.add_argument("--kv-shift", type=float, default=None, metavar="SHARE",
                    help="share in [0, 1] of its chunk's mean KV error the reused KV of the Blend modes is moved by "
                         "(compute_meta kv_shift; default: the config's, " + f"{KV_SHIFT_DEFAULT:g})")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="scheduler step budget; a prompt blends only when it fits in one step (default 8192)")
+                   help="vLLM's step budget (max_num_batched_tokens); Blend runs up to 4x as many rows beside it per step")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="model and KV dtype (default: float32 on CPU, the model's own elsewhere); on CPUs with AMX, "
                         "bfloat16 prefill is about 3x faster than float32")
     p.add_argument("--chunk-store", choices=CHUNK_STORE_POLICIES, default="any",
                    help="which missed chunks the store keeps: 'any' (as first computed, after whatever text came "
                         "before), 'alone' (only chunks computed with nothing before them; the passages are then "
-                        "indexed alone) (default any)")
+                        "indexed alone)")
     p.add_argument("--store-capacity-gb", type=float, default=None,
                    help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
                         "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "

@@ -9,6 +9,7 @@ command that wrote it. A result file that is absent is listed as not run.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -77,9 +78,6 @@ EVAL_RUNS += [
      "20 questions (next-token KL over 2 answer tokens)",
      "python benchmarks/blend_bench.py --num-questions 20 --sweep --ratios 0.15 --selections query "
      "--plus-kv-shift 0.5 --kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_half_musique20.json"),
-    ("blend_kv_shift_musique.json", "KV shift, MuSiQue (next-token KL over 2 answer tokens)",
-     "python benchmarks/blend_bench.py --num-questions 16 --sweep --ratios 0.15 --selections query --plus-kv-shift "
-     "--kl-tokens 2 --no-plot --out benchmarks/results/blend_kv_shift_musique.json"),
     ("blend_oracle_generated50.json", "The oracle ranking, generated set, 50 questions (next-token KL over 2 answer "
      "tokens)",
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
@@ -176,18 +174,45 @@ STUDY_RUNS = [
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # RAG request streams against plain vLLM (benchmarks/rag_traffic.py): (file, title, command, file whose plain
 # runs a Blend-only run is compared with: the same stream and plain server)
+# (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
-    ("rag_traffic_zipf.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no indexing "
-     "(default settings: chunk references, step cap 4 x the budget)",
-     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --out benchmarks/results/rag_traffic_zipf.json",
+    ("rag_traffic_zipf48_c2.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no indexing, "
+     "48 requests at concurrency 2 (default settings: chunk references, step cap 4 x the budget, long prefills leave "
+     "an eighth of each step; plain vLLM's rows from a second run of the same stream, since the machine also ran "
+     "unit tests during this file's own plain run)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --out benchmarks/results/rag_traffic_zipf48_c2.json",
+     "rag_traffic_zipf48_c2_plain_rerun.json"),
+    ("rag_traffic_zipf48_c4.json", "The same stream at concurrency 4 (default settings)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --out benchmarks/results/rag_traffic_zipf48_c4.json",
      None),
     ("rag_traffic_fresh.json", "RAG stream with no reuse: no passage sent twice (default settings)",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh "
      "--out benchmarks/results/rag_traffic_fresh.json", None),
-    ("rag_traffic_fresh_copies.json", "The same stream with chunk KV stored as copies (chunk_refs false: every "
-     "computed block written twice), same host and session as the row above",
+    ("rag_traffic_zipf24_threshold.json", "Long prefills leave an eighth of each step (long_prefill_token_threshold "
+     "1792 of 2048): the Zipf stream, 24 requests, Blend only; plain vLLM's rows and the run without the threshold "
+     "in the next section (same session)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend "
+     "--out benchmarks/results/rag_traffic_zipf24_threshold.json (run with --serve-args "
+     "'--long-prefill-token-threshold 1792', which the connector now sets itself)",
+     "rag_traffic_zipf24_no_threshold.json"),
+    ("rag_traffic_zipf24_no_threshold.json", "The same stream without the threshold (a long prefill takes the whole "
+     "step budget)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --serve-args "
+     "'--long-prefill-token-threshold 2048' --out benchmarks/results/rag_traffic_zipf24_no_threshold.json (run "
+     "before the connector set the threshold; 2048, the budget, turns it off)", None),
+    ("rag_traffic_zipf.json", "Earlier session, before long prefills left room in each step: the Zipf stream, "
+     "24 requests",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --out benchmarks/results/rag_traffic_zipf.json",
+     None),
+    ("rag_traffic_fresh_before_threshold.json", "Earlier session, before long prefills left room in each step: "
+     "no reuse",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh "
+     "--out benchmarks/results/rag_traffic_fresh_before_threshold.json", None),
+    ("rag_traffic_fresh_copies.json", "Earlier session: the same stream with chunk KV stored as copies (chunk_refs "
+     "false: every computed block written twice), same host and session as the row above",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --servers blend --blend-config "
-     "'{\"chunk_refs\": false}' --out benchmarks/results/rag_traffic_fresh_copies.json", "rag_traffic_fresh.json"),
+     "'{\"chunk_refs\": false}' --out benchmarks/results/rag_traffic_fresh_copies.json",
+     "rag_traffic_fresh_before_threshold.json"),
     ("rag_traffic_zipf_cap4x.json", "Earlier session, before chunk references: the Zipf stream, step cap 4 x the budget",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --blend-config "
      "'{\"max_step_tokens\": 8192}' --out benchmarks/results/rag_traffic_zipf_cap4x.json", "rag_traffic_zipf_cap1x.json"),
@@ -201,6 +226,10 @@ TRAFFIC_RUNS = [
      "'{\"max_step_tokens\": 2048}' --out benchmarks/results/rag_traffic_zipf_unequal_cores.json, before the "
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
+# The README's stream rows: (result file, what it measured)
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                    ("rag_traffic_zipf48_c4.json", "the same stream at concurrency 4 ("),
+                    ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
@@ -279,14 +308,9 @@ def hit_threshold_table(data: dict) -> list[str]:
 
 
 def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
-    """One row per server and load of a rag_traffic.py run, then Blend's speed-up per load; a
-    Blend-only run is compared with the plain runs of `baseline` (the same stream)."""
-    if baseline is not None and not any(r["server"] == "plain" for r in data["runs"]):
-        data = {**data, "runs": [r for r in baseline["runs"] if r["server"] == "plain"] + data["runs"]}
-        plain = {r["load"]: r["summary"] for r in data["runs"] if r["server"] == "plain"}
-        data["speedup"] = {r["load"]: {"requests_per_s": r["summary"]["requests_per_s"] / plain[r["load"]]["requests_per_s"],
-                                       "ttft_p50": plain[r["load"]]["ttft_p50_s"] / r["summary"]["ttft_p50_s"]}
-                           for r in data["runs"] if r["server"] == "blend" and r["load"] in plain}
+    """One row per server and load of a rag_traffic.py run, then Blend's speed-up per load; with
+    `baseline` (the same stream), plain vLLM's rows are the baseline's."""
+    data = with_baseline(data, baseline)
     lines = ["| server | load | requests/s | TTFT p50 / p90 | TTFT p50 of high-hit requests (n) | chunk blocks hit | "
              "blended | fallbacks |", "|---|---|---|---|---|---|---|---|"]
     for run in data["runs"]:
@@ -304,6 +328,33 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50."
              for load, x in data.get("speedup", {}).items()]
     return [head, "", *lines, "", *gains]
+
+
+def _high_hit_from(plain: dict, blend: dict | None) -> dict:
+    """A plain run of another invocation: its high-hit requests are those the Blend run hit
+    (rag_traffic.py marks them only within one invocation); only their TTFT p50 is shown."""
+    if blend is None or plain["summary"]["high_hit_requests"]:
+        return plain
+    high = {r["i"] for r in blend["records"] if r["chunk_blocks"] and r["chunk_hit_blocks"] >= 0.8 * r["chunk_blocks"]}
+    ttft = [r["ttft_s"] for r in plain["records"] if r["i"] in high]
+    summary = {**plain["summary"], "high_hit_requests": len(ttft),
+               "high_hit_ttft_p50_s": statistics.median(ttft) if ttft else None}
+    return {**plain, "summary": summary}
+
+
+def with_baseline(data: dict, baseline: dict | None) -> dict:
+    """The run with plain vLLM's rows taken from `baseline` (a run of the same stream) and Blend's
+    speed-up per load recomputed against them."""
+    if baseline is None:
+        return data
+    blend = {r["load"]: r for r in data["runs"] if r["server"] == "blend"}
+    runs = [_high_hit_from(r, blend.get(r["load"])) for r in baseline["runs"] if r["server"] == "plain"]
+    runs += [r for r in data["runs"] if r["server"] != "plain"]
+    plain = {r["load"]: r["summary"] for r in runs if r["server"] == "plain"}
+    speedup = {r["load"]: {"requests_per_s": r["summary"]["requests_per_s"] / plain[r["load"]]["requests_per_s"],
+                           "ttft_p50": plain[r["load"]]["ttft_p50_s"] / r["summary"]["ttft_p50_s"]}
+               for r in runs if r["server"] == "blend" and r["load"] in plain}
+    return {**data, "runs": runs, "speedup": speedup}
 
 
 def headline() -> str:
@@ -324,20 +375,20 @@ def headline() -> str:
                     rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
                                 f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
                                 f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
-    for name, what in (("rag_traffic_zipf.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                       ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")):
+    for name, what in HEADLINE_TRAFFIC:
         path = RESULTS / name
         entry = next((t for t in TRAFFIC_RUNS if t[0] == name), None)
         if path.is_file() and entry is not None:
             base = RESULTS / entry[3] if entry[3] else None
-            data = json.loads(path.read_text())
-            runs = data["runs"] + (json.loads(base.read_text())["runs"] if base and base.is_file() else [])
-            on = next((r["summary"] for r in runs if r["server"] == "blend"), None)
-            off = next((r["summary"] for r in runs if r["server"] == "plain" and r["load"] == "c=2"), None)
+            data = with_baseline(json.loads(path.read_text()),
+                                 json.loads(base.read_text()) if base and base.is_file() else None)
+            on = next((r for r in data["runs"] if r["server"] == "blend"), None)
+            off = next((r for r in data["runs"] if r["server"] == "plain" and on and r["load"] == on["load"]), None)
             if on and off:
-                rows.append(f"| `vllm serve`, {what}, {on['chunk_hit_rate']:.0%} of chunk blocks hit), requests/s at "
-                            f"concurrency 2, against plain vLLM | {on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
-                            f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
+                a, b = on["summary"], off["summary"]
+                rows.append(f"| `vllm serve`, {what}, {a['chunk_hit_rate']:.0%} of chunk blocks hit), requests/s at "
+                            f"{on['load'].replace('c=', 'concurrency ')}, against plain vLLM | {a['requests_per_s']:.3f} | "
+                            f"{b['requests_per_s']:.3f} | {a['requests_per_s'] / b['requests_per_s']:.2f}x |")
     quality = RESULTS / HEADLINE_RUN
     if quality.is_file():
         data = json.loads(quality.read_text())

@@ -78,6 +78,11 @@ KV_SHIFT_DEFAULT = 0.5  # compute_meta kv_shift when absent: half the chunk mean
 # ucm_sparse_config.Blend.min_hit_share when absent: a request blends only when at least this share of
 # its tokens after the exact prefix has chunk KV stored (fewer hits: vLLM computes it as usual).
 MIN_HIT_SHARE_DEFAULT = 0.25
+# Default cap on a step's Blend rows, per token of vLLM's step budget: with the server's 2048 on CPU,
+# 8192 rows hold a whole 6k-token RAG region (misses and question included) in one step; at 1x,
+# 7 of 11 blended requests of the Zipf stream were cut and lost the reuse after the cut
+# (docs/serving.md, "Bounded steps").
+STEP_CAP_PER_BUDGET = 4
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
                   CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM)
@@ -232,6 +237,10 @@ class BlendConfig:
     # reported as fallback "few_hits": with few hits the probe, the loads and one long step of
     # misses cost more than the reuse saves (docs/serving.md).
     min_hit_share: float = MIN_HIT_SHARE_DEFAULT
+
+    def step_cap(self, step_budget: int) -> int:
+        """Rows the Blend forward may run beside vLLM's scheduled ones in one step (docs/serving.md)."""
+        return self.max_step_tokens or STEP_CAP_PER_BUDGET * step_budget
 
     def __post_init__(self) -> None:
         # Guards direct construction: the two spellings of the check layer must agree.

@@ -251,6 +251,8 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     loaded = d["recomputed_tokens"] + d["reused_tokens"]
     assert loaded == second.report["chunk_hit_tokens"]
     assert d["recomputed_tokens"] == pytest.approx(0.25 * loaded, abs=1)
+    # rows beside vLLM's: the recomputed ones, the question and misses; never over the cap
+    assert d["blend_rows"] >= d["recomputed_tokens"] + 1 and "blend_steps_over_cap" not in d
     question = len(b) - second.report["chunk_hit_tokens"] - second.report["external_prefix_tokens"]
     assert 0 < d["probe_tokens"] <= question  # the query selection ran the question rows once more
     cfg = blend_llm.llm_engine.model_config

@@ -42,3 +42,8 @@ def test_relative_links_and_named_result_files_exist():
         for name in set(re.findall(r"`([a-z0-9_]+\.json)`", text)):
             assert (REPO / "benchmarks" / "results" / name).exists() or name in ("config.json",), \
                 f"{page.name} names {name}, which is not in benchmarks/results/"
+
+
+def test_every_results_section_has_its_json():
+    """A section of docs/results.md whose JSON is not in the repository would print "(not run)"."""
+    assert "(not run)" not in make_results().results_page()

@@ -630,3 +630,25 @@ def test_only_reused_kv_counts_as_cached_in_vllms_prefill_statistics(tmp_path):
     recomputed = -(-loaded // 2)  # ceil(0.5 x 19)
     assert req.prefill_stats.num_cached_tokens == loaded - recomputed
     assert req.prefill_stats.num_computed_tokens == len(tokens) - (loaded - recomputed)
+
+
+@pytest.mark.parametrize("min_hit_share", [None, 0.0])
+def test_a_30k_token_prompt_with_one_cached_chunk_never_makes_a_giant_step(tmp_path, min_hit_share):
+    """30,000 tokens, the first 128 a stored chunk: by default too few hits to blend (vLLM prefills
+    it in budget-sized chunks); made to blend anyway, its region is cut to the step cap."""
+    extra = {} if min_hit_share is None else {"min_hit_share": min_hit_share}
+    side = side_for(tmp_path, **extra)  # step budget 64: cap 4 x 64 = 256 rows
+    rng = np.random.default_rng(30)
+    tokens = [int(t) for t in rng.integers(10, 1000, 127)] + [MARKER] + [int(t) for t in rng.integers(10, 1000, 29872)]
+    store_chunks(side, tokens[:128])
+    req = request(side, "long", tokens)
+    external, _ = side.get_num_new_matched_tokens(req, 0)
+    new = admit(side, req, external)
+    meta, _ = step(side, [new], {"long": 64})
+    report = side.request_finished(req)["ucm"]
+    if min_hit_share is None:
+        assert external == 0 and not report["blended"] and report["fallback"] == "few_hits"
+    else:
+        (s,) = meta.requests
+        work = len(s.blend.token_ids) - 128 + -(-128 // 2)  # misses + ceil(0.5 x loaded)
+        assert report["blended"] and report["fallback"] == "region_cut" and work <= side.step_cap == 256

@@ -39,6 +39,19 @@ logger = logging.getLogger(__name__)
 
 
 
+def _count_rows(step: BlendStep, compute: torch.Tensor, scheduled: torch.Tensor | None) -> None:
+    """Counts the rows run from the check layer on beside vLLM's, and any step over the cap."""
+    if scheduled is None:  # no region rows this step
+        return
+    beside = compute.clone()
+    beside[scheduled] = False
+    rows = int(beside.sum())
+    step.stats.add("blend_rows", rows)
+    if step.max_rows is not None and rows > step.max_rows:
+        step.stats.add("blend_steps_over_cap")
+        logger.warning("a Blend step ran %d rows beside vLLM's, over its cap of %d", rows, step.max_rows)
+
+
 def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
     from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
     from vllm.forward_context import get_forward_context
@@ -116,6 +129,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
     compute = ~loaded | hkvd | last
+    _count_rows(step, compute, batch.scheduled)
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.
     hidden, residual = run_layers(layers[:check], b, compute & lazy, hidden, residual)

@@ -48,11 +48,6 @@ REPORT_KEY = "ucm"
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
-# Default cap on a step's Blend rows, per token of vLLM's step budget: with the server's 2048 on CPU,
-# 8192 rows hold a whole 6k-token RAG region (misses and question included) in one step; at 1x,
-# 7 of 11 blended requests of the Zipf stream were cut and lost the reuse after the cut
-# (docs/serving.md, "Bounded steps").
-STEP_CAP_PER_BUDGET = 4
 # A step stages at most this many loaded tokens per row of its Blend cap (max_step_tokens): at ratio
 # 0.15 a region of loaded chunks alone needs about 1 / 0.15 = 6.7.
 STAGED_PER_ROW = 8
@@ -137,8 +132,7 @@ class SchedulerSide:
         self.loads = kv_role != "kv_producer"
         self.stores = kv_role != "kv_consumer"
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
-        self.step_cap = (self.blend.max_step_tokens if self.blend and self.blend.max_step_tokens
-                         else STEP_CAP_PER_BUDGET * step_budget)
+        self.step_cap = self.blend.step_cap(step_budget) if self.blend else 0
         self._step_work = 0  # committed this step (admitted blend requests)
         self._step_staged = 0  # loaded tokens staged this step (admitted blend requests)
         self.store = store

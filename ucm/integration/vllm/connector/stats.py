@@ -51,6 +51,8 @@ COUNTERS: dict[str, str] = {
     "dumps_refused": "Blocks not handed to the store because their KV could not be trusted (a failed load of their request, or a Blend region the forward did not run)",
     "dump_bytes": "Bytes handed to the store",
     "recomputed_tokens": "Loaded chunk tokens recomputed from the check layer on",
+    "blend_rows": "Rows the Blend forward ran from the check layer on beside vLLM's scheduled ones (misses, question, recomputed tokens)",
+    "blend_steps_over_cap": "Steps whose Blend rows exceeded max_step_tokens (the scheduler admits within it: never expected)",
     "reused_tokens": "Loaded chunk tokens that kept their loaded KV from the check layer on",
     "kv_shifted_tokens": "Reused chunk tokens whose KV was moved by their chunk's mean error (kv_shift)",
     "probe_tokens": "Tokens run an extra time through the check layer and the layers after it to rank the loaded tokens",

@@ -146,7 +146,9 @@ class UCMConnector(KVConnectorBase_V1):
                 kv_role=vllm_config.kv_transfer_config.kv_role)
         else:
             try:
-                self._worker = WorkerSide(vllm_config, self.store, blend.check_layer if blend else None)
+                self._worker = WorkerSide(
+                    vllm_config, self.store, blend.check_layer if blend else None,
+                    blend.step_cap(vllm_config.scheduler_config.max_num_batched_tokens) if blend else None)
             except Exception:
                 self.store.close()
                 raise

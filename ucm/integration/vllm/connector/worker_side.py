@@ -73,6 +73,7 @@ class BlendStep:
     caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
     stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
     rope: tuple | None = None  # (float32 cos/sin cache, is_neox_style) of the model: the KV shift rotates K errors
+    max_rows: int | None = None  # the scheduler's cap on the rows run beside vLLM's (checked, counted if passed)
 
 
 @dataclass
@@ -93,8 +94,9 @@ def tensor_parallel_rank_and_size() -> tuple[int, int]:
 
 
 class WorkerSide:
-    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None):
+    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, max_blend_rows: int | None = None):
         self.vllm_config = vllm_config
+        self.max_blend_rows = max_blend_rows
         self.store = store
         self.check_layer = check_layer
         self.block_size = vllm_config.cache_config.block_size
@@ -255,7 +257,8 @@ class WorkerSide:
                 check_k = None
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats,
-                                         None if self._cos_sin is None else (self._cos_sin, self._is_neox))
+                                         None if self._cos_sin is None else (self._cos_sin, self._is_neox),
+                                         self.max_blend_rows)
         elapsed = time.perf_counter() - start
         self.stats.add("load_seconds", elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)

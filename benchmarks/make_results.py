@@ -228,7 +228,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_zipf48_c4.json", "the same stream at concurrency 4 ("),
+                    ("rag_traffic_zipf48_c4.json", "the same stream (Zipf, no indexing"),
                     ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "

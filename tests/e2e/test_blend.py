@@ -74,7 +74,7 @@ def test_full_reuse_differs_and_is_faster_path(blend_llm, plain_llm):
     from ucm.integration.vllm.connector.stats import ucm_counters
 
     def shifted():
-        return ucm_counters(blend_llm.get_metrics()).get("kv_shifted_tokens", 0)
+        return ucm_counters().get("kv_shifted_tokens", 0)
 
     a, b = prompts(blend_llm, seed=103)
     run(blend_llm, a)
@@ -99,9 +99,9 @@ def test_oracle_ranks_after_a_full_prefill_and_puts_the_loaded_kv_back(blend_llm
 
     a, b = prompts(blend_llm, seed=112)
     run(blend_llm, a)
-    before = ucm_counters(blend_llm.get_metrics()).get("probe_tokens", 0)
+    before = ucm_counters().get("probe_tokens", 0)
     oracle = run(blend_llm, b, ratio=0.15, selection="oracle")
-    probed = ucm_counters(blend_llm.get_metrics())["probe_tokens"] - before
+    probed = ucm_counters()["probe_tokens"] - before
     assert oracle.report["blended"] and oracle.report["selection"] == "oracle"
     assert 0.9 * len(b) <= probed <= len(b)
     full = run(plain_llm, b)
@@ -233,11 +233,11 @@ def test_statistics_counters_follow_the_requests(blend_llm):
         return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
     a, b = prompts(blend_llm, seed=110)
-    c0 = ucm_counters(blend_llm.get_metrics())
+    c0 = ucm_counters()
     first = run(blend_llm, a)
-    c1 = ucm_counters(blend_llm.get_metrics())
+    c1 = ucm_counters()
     second = run(blend_llm, b, ratio=0.25)
-    c2 = ucm_counters(blend_llm.get_metrics())
+    c2 = ucm_counters()
 
     d = delta(c0, c1)
     assert d["requests"] == 1 and d["prompt_tokens"] == len(a)

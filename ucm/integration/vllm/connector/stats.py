@@ -113,9 +113,19 @@ class UCMPromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].inc(value)
 
 
-def ucm_counters(metrics) -> dict[str, float]:
-    """`{name: value}` of the UCM counters in `LLM.get_metrics()` output, summed over engines."""
+def ucm_counters(metrics=None) -> dict[str, float]:
+    """`{name: value}` of the UCM counters, summed over engines: from `LLM.get_metrics()` output, or
+    with None from this process's Prometheus registry, where the offline engine's stat logger keeps
+    them. Prefer None: get_metrics() truncates counters to ints, zeroing the `*_seconds` ones."""
     out: dict[str, float] = {}
+    if metrics is None:
+        from prometheus_client import REGISTRY
+
+        for family in REGISTRY.collect():
+            if family.type == "counter" and family.name.startswith("vllm:ucm_"):
+                key = family.name[len("vllm:ucm_"):]
+                out[key] = out.get(key, 0) + sum(s.value for s in family.samples if s.name.endswith("_total"))
+        return {k: v for k, v in out.items() if v}
     for m in metrics:
         name = getattr(m, "name", "")
         if name.startswith("vllm:ucm_") and hasattr(m, "value"):

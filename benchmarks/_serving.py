@@ -82,11 +82,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None
 
 def counters(url: str) -> dict[str, float]:
     """The connector's counters from /metrics (vllm:ucm_<name>_total), summed over engines."""
+    return parse_counters(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """vllm:ucm_<name>_total counters of a Prometheus text exposition, summed over label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines():
-        if line.startswith("vllm:ucm_") and "_total" in line:
-            name = line.split("{")[0].split(" ")[0][len("vllm:ucm_"):].removesuffix("_total")
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        if family.type == "counter" and family.name.startswith("vllm:ucm_"):
+            name = family.name[len("vllm:ucm_"):]
+            out[name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
     return out
 
 

@@ -32,7 +32,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
                             plus_chunk_start, plus_kv_shift)
-from ucm.eval.engine import (HelpFormatter, add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+from ucm.argparse_help import HelpFormatter  # noqa: E402
+from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
                              run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402

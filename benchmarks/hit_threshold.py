@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ucm.eval.prompts import build_prompt, chunk_end_token_id
-from ucm.eval.engine import HelpFormatter
+from ucm.argparse_help import HelpFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"

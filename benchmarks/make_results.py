@@ -13,6 +13,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from ucm.eval.metrics import bootstrap_ci
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs" / "results.md"
@@ -325,9 +327,45 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     head = (f"{c['num_requests']} requests, {data['dataset']}, ~{data['mean_prompt_tokens']:.0f}-token prompts, "
             f"ratio {data['ratio']}, {data['dtype']}; high-hit: >= 80% of a request's chunk blocks hit on the Blend "
             "run (the same requests on plain).")
-    gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50."
-             for load, x in data.get("speedup", {}).items()]
-    return [head, "", *lines, "", *gains]
+    gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
+             f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
+    return [head, "", *lines, "", *gains, *instances_table(data)]
+
+
+def same_answers(data: dict, load: str) -> str:
+    """', same answer as plain vLLM: a of n requests (b of m blended)' for one load ('' without texts)."""
+    runs = {r["server"]: {x["i"]: x for x in r["records"]} for r in data["runs"] if r["load"] == load}
+    plain, blend = runs.get("plain", {}), runs.get("blend", {})
+    both = [i for i in blend if i in plain and "text" in blend[i] and "text" in plain[i]]
+    if not both:
+        return ""
+    same = [i for i in both if blend[i]["text"] == plain[i]["text"]]
+    blended = [i for i in both if blend[i]["blended"]]
+    return (f"; same answer as plain vLLM: {len(same)} of {len(both)} requests "
+            f"({sum(i in same for i in blended)} of {len(blended)} blended)")
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def instances_table(data: dict) -> list[str]:
+    """With --instances N > 1: per server, chunk hits and vLLM's cached share per instance, and the
+    requests with passages first seen on another instance (their hits come from its dumps)."""
+    runs = [r for r in data["runs"] if r["summary"].get("instances", 1) > 1]
+    if not runs:
+        return []
+    lines = ["", f"{runs[0]['summary']['instances']} instances, requests round robin; a passage is first seen "
+             "elsewhere when every earlier request that sent it went to another instance.", "",
+             "| server | load | chunk blocks hit per instance | vLLM cached share per instance | passages first seen "
+             "elsewhere (requests) | chunk hits of those requests / of the rest |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        s = run["summary"]
+        lines.append(f"| {run['server']} | {run['load']} | {' / '.join(map(_share, s['chunk_hit_rate_per_instance']))} "
+                     f"| {' / '.join(map(_share, s['vllm_cached_share_per_instance']))} | "
+                     f"{s['passages_first_seen_elsewhere']} ({s['requests_first_seen_elsewhere']}) | "
+                     f"{_share(s['first_seen_elsewhere_chunk_hit_rate'])} / {_share(s['other_requests_chunk_hit_rate'])} |")
+    return lines
 
 
 def _high_hit_from(plain: dict, blend: dict | None) -> dict:
@@ -444,8 +482,6 @@ def _by_question(data: dict, mode: str) -> dict:
 def paired_table(base: dict, new: dict, pairs) -> str:
     """Per pair of modes: mean next-token KL of each, the mean difference with a 95% bootstrap
     interval (questions resampled), and the answers that became / stopped being full prefill's."""
-    import random
-
     lines = ["| base mode | new mode | questions | same answer base / new | answers won / lost | KL base | KL new "
              "| KL difference (95% CI) |", "|---|---|---|---|---|---|---|---|"]
     for a, b in pairs:
@@ -460,11 +496,10 @@ def paired_table(base: dict, new: dict, pairs) -> str:
         kl = " - | - | - |"
         if all(ma[q].get("kl_vs_full") is not None and mb[q].get("kl_vs_full") is not None for q in qs):
             diff = [mb[q]["kl_vs_full"] - ma[q]["kl_vs_full"] for q in qs]
-            rng = random.Random(0)
-            means = sorted(sum(rng.choice(diff) for _ in qs) / len(qs) for _ in range(2000))
+            lo, hi = bootstrap_ci(diff) or (float("nan"), float("nan"))
             kla = sum(ma[q]["kl_vs_full"] for q in qs) / len(qs)
             klb = sum(mb[q]["kl_vs_full"] for q in qs) / len(qs)
-            kl = f" {kla:.4f} | {klb:.4f} | {sum(diff) / len(qs):+.4f} ({means[50]:+.4f} .. {means[1949]:+.4f}) |"
+            kl = f" {kla:.4f} | {klb:.4f} | {sum(diff) / len(qs):+.4f} ({lo:+.4f} .. {hi:+.4f}) |"
         lines.append(f"| {a} | {b} | {len(qs)} | {agree} | {won} / {lost} |{kl}")
     return "\n".join(lines)
 

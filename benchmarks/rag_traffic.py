@@ -56,7 +56,7 @@ from pathlib import Path
 
 from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server, stop_server,
                       wait_healthy)
-from ucm.eval.engine import HelpFormatter
+from ucm.argparse_help import HelpFormatter
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15

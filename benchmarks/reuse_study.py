@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ucm.eval.datasets import generate_synthetic  # noqa: E402
-from ucm.eval.engine import HelpFormatter  # noqa: E402
+from ucm.argparse_help import HelpFormatter  # noqa: E402
 from ucm.eval.metrics import normalize_answer, short_answer  # noqa: E402
 from ucm.eval.prompts import RELATED, build_prompt, chunk_end_token_id  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402

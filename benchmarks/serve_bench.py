@@ -37,7 +37,7 @@ from pathlib import Path
 from _serving import (DTYPE, REPO, blend_config, counters, free_port, load_examples, percentile, start_server,
                       stop_server, wait_healthy)
 from ucm.config import KV_SHIFT_DEFAULT
-from ucm.eval.engine import HelpFormatter
+from ucm.argparse_help import HelpFormatter
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "serve_bench.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15

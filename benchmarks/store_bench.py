@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ucm.store import UcmNfsStore
-from ucm.eval.engine import HelpFormatter
+from ucm.argparse_help import HelpFormatter
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS, DTYPE_BYTES = 30, 3, 64, 128, 4
 BLOCK_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * BLOCK_TOKENS * DTYPE_BYTES

@@ -41,7 +41,7 @@ import numpy as np
 import xxhash
 
 from ucm.store import UcmNfsStore
-from ucm.eval.engine import HelpFormatter
+from ucm.argparse_help import HelpFormatter
 from ucm.store.block_format import HEADER_REGION, PREFIX, file_size
 
 

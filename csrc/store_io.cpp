@@ -1,7 +1,7 @@
 // Native data path of the KV block store (pybind11 module ucm.store._native).
 //
 // Python decides *which* files to touch (layout, eviction, stats); this file
-// does the byte work: the block file format, XXH64 checksums and a small
+// does the byte work: the block file format, XXH64 checksums (xxHash) and a small
 // thread pool that reads and writes many blocks with the GIL released.
 //
 // Block file layout (all integers little endian):
@@ -21,9 +21,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -47,180 +44,24 @@
 #include <utility>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include "xxhash/xxhash.h"
+
 namespace py = pybind11;
 
 namespace ucm {
 
-// ---------------------------------------------------------------------------
-// XXH64 (xxHash spec), streaming form. Implemented here so the extension has
-// no third-party C++ dependency; unit tests compare it with the Python
-// `xxhash` package.
-//
-// The bulk loop (4 lanes x 64 bit per 32-byte stripe) is the whole cost of
-// verifying a load. Scalar code is bound by one 64-bit multiply per cycle
-// (~10 GB/s at 2.6 GHz); with AVX-512DQ the four lanes fit one ymm register
-// (~18 GB/s on AMD Zen 4). Intel's vpmullq is slow, so the vector loop is only
-// used where a quick calibration shows it wins. Both give identical results.
-// ---------------------------------------------------------------------------
-constexpr uint64_t kP1 = 11400714785074694791ULL;
-constexpr uint64_t kP2 = 14029467366897019727ULL;
-constexpr uint64_t kP3 = 1609587929392839161ULL;
-constexpr uint64_t kP4 = 9650029242287828579ULL;
-constexpr uint64_t kP5 = 2870177450012600261ULL;
-
-inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl64(acc + input * kP2, 31) * kP1; }
-inline uint64_t read_le64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap64(v);
-#endif
-  return v;
-}
-inline uint32_t read_le32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap32(v);
-#endif
-  return v;
-}
-
-// Consumes `stripes` 32-byte stripes into the four accumulators.
-using StripeFn = void (*)(uint64_t* v, const uint8_t* p, size_t stripes);
-
-void stripes_scalar(uint64_t* v, const uint8_t* p, size_t stripes) {
-  uint64_t v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
-  for (size_t i = 0; i < stripes; ++i, p += 32) {
-    v0 = xxh_round(v0, read_le64(p));
-    v1 = xxh_round(v1, read_le64(p + 8));
-    v2 = xxh_round(v2, read_le64(p + 16));
-    v3 = xxh_round(v3, read_le64(p + 24));
-  }
-  v[0] = v0; v[1] = v1; v[2] = v2; v[3] = v3;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx512f,avx512dq,avx512vl")))
-void stripes_avx512(uint64_t* v, const uint8_t* p, size_t stripes) {
-  __m256i acc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
-  const __m256i p1 = _mm256_set1_epi64x(static_cast<long long>(kP1));
-  const __m256i p2 = _mm256_set1_epi64x(static_cast<long long>(kP2));
-  for (size_t i = 0; i < stripes; ++i, p += 32) {
-    __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    acc = _mm256_add_epi64(acc, _mm256_mullo_epi64(in, p2));
-    acc = _mm256_mullo_epi64(_mm256_rol_epi64(acc, 31), p1);
-  }
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), acc);
-}
-
-bool avx512_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl");
-}
-#else
-bool avx512_supported() { return false; }
-StripeFn stripes_avx512 = nullptr;
-#endif
-
-double time_stripes(StripeFn fn, const std::vector<uint8_t>& buf) {
-  uint64_t v[4] = {1, 2, 3, 4};
-  double best = 1e9;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn(v, buf.data(), buf.size() / 32);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best + (v[0] == 42 ? 1e-12 : 0.0);  // keep the result alive
-}
-
-// Picks the faster bulk loop once per process (~1 ms).
-StripeFn best_stripe_fn() {
-  static const StripeFn chosen = [] {
-    if (!avx512_supported()) return static_cast<StripeFn>(stripes_scalar);
-    std::vector<uint8_t> buf(256 * 1024, 0x5a);
-    double scalar = time_stripes(stripes_scalar, buf);
-    double vec = time_stripes(stripes_avx512, buf);
-    return vec < 0.9 * scalar ? static_cast<StripeFn>(stripes_avx512) : static_cast<StripeFn>(stripes_scalar);
-  }();
-  return chosen;
-}
-
+// XXH64 checksums: xxHash's reference implementation (csrc/third_party/xxhash, v0.8, BSD-2-Clause),
+// inlined. Verifying loads is the only hot use: ~7 GB/s per core here, about 2 s of a 570 s RAG
+// stream that reads 11.8 GB (docs/research.md), so no SIMD variant of our own is kept.
 class Xxh64 {
  public:
-  explicit Xxh64(uint64_t seed = 0, StripeFn stripes = best_stripe_fn()) : stripes_(stripes) { reset(seed); }
-
-  void reset(uint64_t seed) {
-    v_[0] = seed + kP1 + kP2;
-    v_[1] = seed + kP2;
-    v_[2] = seed;
-    v_[3] = seed - kP1;
-    seed_ = seed;
-    total_ = 0;
-    buffered_ = 0;
-  }
-
-  void update(const void* data, size_t len) {
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    total_ += len;
-    if (buffered_ + len < 32) {
-      std::memcpy(buf_ + buffered_, p, len);
-      buffered_ += len;
-      return;
-    }
-    if (buffered_ > 0) {
-      size_t fill = 32 - buffered_;
-      std::memcpy(buf_ + buffered_, p, fill);
-      stripes_(v_, buf_, 1);
-      p += fill;
-      len -= fill;
-      buffered_ = 0;
-    }
-    size_t stripes = len / 32;
-    stripes_(v_, p, stripes);
-    p += stripes * 32;
-    len -= stripes * 32;
-    if (len > 0) {
-      std::memcpy(buf_, p, len);
-      buffered_ = len;
-    }
-  }
-
-  uint64_t digest() const {
-    uint64_t h;
-    if (total_ >= 32) {
-      h = rotl64(v_[0], 1) + rotl64(v_[1], 7) + rotl64(v_[2], 12) + rotl64(v_[3], 18);
-      for (int i = 0; i < 4; ++i) h = (h ^ xxh_round(0, v_[i])) * kP1 + kP4;
-    } else {
-      h = seed_ + kP5;
-    }
-    h += total_;
-    const uint8_t* p = buf_;
-    size_t len = buffered_;
-    for (; len >= 8; p += 8, len -= 8) h = rotl64(h ^ xxh_round(0, read_le64(p)), 27) * kP1 + kP4;
-    if (len >= 4) {
-      h = rotl64(h ^ (static_cast<uint64_t>(read_le32(p)) * kP1), 23) * kP2 + kP3;
-      p += 4;
-      len -= 4;
-    }
-    for (; len > 0; ++p, --len) h = rotl64(h ^ (*p * kP5), 11) * kP1;
-    h ^= h >> 33;
-    h *= kP2;
-    h ^= h >> 29;
-    h *= kP3;
-    h ^= h >> 32;
-    return h;
-  }
+  explicit Xxh64(uint64_t seed = 0) { XXH64_reset(&state_, seed); }
+  void update(const void* data, size_t len) { XXH64_update(&state_, data, len); }
+  uint64_t digest() const { return XXH64_digest(&state_); }
 
  private:
-  StripeFn stripes_;
-  uint64_t v_[4];
-  uint64_t seed_;
-  uint64_t total_;
-  uint8_t buf_[32];
-  size_t buffered_;
+  XXH64_state_t state_;
 };
 
 
@@ -1102,26 +943,10 @@ class IoEngine {
   bool stopping_ = false;
 };
 
-std::vector<std::string> xxh64_impls() {
-  std::vector<std::string> out = {"auto", "scalar"};
-  if (avx512_supported()) out.push_back("avx512");
-  return out;
-}
-
-StripeFn stripe_fn_named(const std::string& impl) {
-  if (impl == "auto") return best_stripe_fn();
-  if (impl == "scalar") return stripes_scalar;
-  if (impl == "avx512" && avx512_supported()) return stripes_avx512;
-  std::string known;
-  for (const auto& name : xxh64_impls()) known += (known.empty() ? "" : ", ") + name;
-  throw py::value_error("xxh64 impl must be one of " + known + "; got '" + impl + "'");
-}
-
-uint64_t xxh64_py(py::handle data, uint64_t seed, const std::string& impl) {
-  StripeFn fn = stripe_fn_named(impl);
+uint64_t xxh64_py(py::handle data, uint64_t seed) {
   PinnedBuffer buf(data, /*writable=*/false);
   py::gil_scoped_release nogil;
-  Xxh64 h(seed, fn);
+  Xxh64 h(seed);
   h.update(buf.data(), buf.size());
   return h.digest();
 }
@@ -1147,11 +972,8 @@ PYBIND11_MODULE(_native, m) {
   codes["UNSUPPORTED_VERSION"] = static_cast<int>(kUnsupportedVersion);
   m.attr("STATUS_CODES") = codes;
 
-  m.def("xxh64", &xxh64_py, py::arg("data"), py::arg("seed") = 0, py::arg("impl") = "auto",
+  m.def("xxh64", &xxh64_py, py::arg("data"), py::arg("seed") = 0,
         "XXH64 of a C-contiguous buffer; equals xxhash.xxh64(data, seed).intdigest().");
-  m.def("xxh64_impls", &xxh64_impls, "Bulk-loop implementations usable on this CPU.");
-  m.def("xxh64_active_impl", [] { return best_stripe_fn() == stripes_scalar ? "scalar" : "avx512"; },
-        "The implementation the engine uses (chosen by CPU support and a calibration run).");
   m.def("direct_io_fallbacks", [] { return g_direct_fallbacks.load(); },
         "How many times O_DIRECT was refused and buffered IO used instead (process-wide).");
 

@@ -38,7 +38,8 @@ if not VERBOSE:
     warnings.simplefilter("ignore", FutureWarning)
 
 from ucm.eval.modes import modes_for  # noqa: E402
-from ucm.eval.engine import (HelpFormatter, add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
+from ucm.argparse_help import HelpFormatter  # noqa: E402
+from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
                              run_store)
 from ucm.eval.measure import BlendEvaluator, run_questions  # noqa: E402
 from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summarize, unexpected_reports,  # noqa: E402

@@ -39,34 +39,25 @@ def test_main_job_reports_every_mode_and_removes_its_store(model_dir, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("ucm-blend-store-")]
 
 
-def test_benchmark_sweep_writes_json(model_dir, tmp_path):
+def test_benchmark_sweep_with_related_indexing_writes_json(model_dir, tmp_path):
+    """The benchmark's ratio sweep, with --index-related 1 (FusionRAG-style indexing): each passage
+    is stored after its most similar passage of the run, as one context chunk, so every indexing
+    request holds about two passages; the measured prompts still find every passage under its own
+    hash and blend it. One run for both (an engine start each would cost a minute)."""
     result = tmp_path / "bench.json"
-    _run("benchmarks/blend_bench.py", "--generated", "--num-questions", "1", "--passages", "4",
-         "--passage-words", "120", "--sweep", "--ratios", "0,0.15,1", "--no-plot", "--out", str(result),
-         env_extra={"MODEL_PATH": str(model_dir)})
+    _run("benchmarks/blend_bench.py", "--generated", "--num-questions", "2", "--passages", "3",
+         "--passage-words", "80", "--index-related", "1", "--sweep", "--ratios", "0,0.15,1", "--no-plot",
+         "--out", str(result), env_extra={"MODEL_PATH": str(model_dir)})
     data = json.loads(result.read_text())
     summary = {s["mode"]: s for s in data["summary"]}
     assert set(summary) >= {"full prefill", "full reuse", "blend 0.15", "blend 1", "hkvd 0.15"}
-    assert all(s["n"] == 1 for s in summary.values())
+    assert all(s["n"] == 2 for s in summary.values())
     for mode in ("full reuse", "blend 0.15", "blend 1"):
-        assert summary[mode]["blended"] == 1 and summary[mode]["chunk_hit_tokens"] > 0
+        assert summary[mode]["blended"] == 2 and summary[mode]["chunk_hit_tokens"] > 0
     # Ratio 1 recomputes every loaded token: the answer is full prefill's.
     assert summary["blend 1"]["agree_pct"] == 100.0
     assert summary["blend 0.15"]["recomputed_tokens"] < summary["blend 1"]["recomputed_tokens"]
-
-
-def test_benchmark_indexes_each_passage_after_its_related_one(model_dir, tmp_path):
-    """--index-related 1 (FusionRAG-style indexing): each passage is stored after its most similar
-    passage of the run, as one context chunk, so every indexing request holds about two passages;
-    the measured prompts still find every passage under its own hash and blend it."""
-    result = tmp_path / "related.json"
-    _run("benchmarks/blend_bench.py", "--generated", "--num-questions", "2", "--passages", "3",
-         "--passage-words", "80", "--index-related", "1", "--sweep", "--ratios", "0,1", "--no-plot",
-         "--out", str(result), env_extra={"MODEL_PATH": str(model_dir)})
-    data = json.loads(result.read_text())
     assert data["config"]["index_related"] == 1
-    summary = {s["mode"]: s for s in data["summary"]}
-    assert summary["full reuse"]["blended"] == 2 and summary["blend 1"]["agree_pct"] == 100.0
     for q in data["questions"]:
         reuse = next(m for m in q["measurements"] if m["mode"] == "full reuse")
         passages = reuse["report"]["chunk_hit_tokens"]

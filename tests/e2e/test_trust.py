@@ -6,7 +6,9 @@ request whose loads fail (damaged block files, found by the lookup and refused b
 checksum, or exact blocks named by intact chunk references) is answered exactly as full prefill
 answers it, reports `fallback: "load_failed"` and stores nothing (no KV, no reference), under a
 batch of such requests; sent again, what they store passes the store
-audit (recomputed by a reference engine: no wrong block).
+audit (recomputed by a reference engine: no wrong block). The same holds when the store stops
+answering (loads past their deadline, a capacity ledger locked by another process), and the
+engine neither stalls nor writes until it answers again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ucm.integration.vllm.connector.stats import ucm_counters
 from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 from ucm.sparse.blend.chunk_refs import REF_BYTES
 from ucm.store.block_format import HEADER_REGION
+from ucm.store.usage_ledger import LEDGER_NAME
 
 
 REF_FILE_LIMIT = HEADER_REGION + REF_BYTES  # a stored reference: header and record
@@ -47,23 +50,43 @@ def test_blend_config_without_the_blend_forward_is_refused_at_start_up(model_dir
     assert "was not built with the Blend forward" in out and "UCM_BLEND_NO_MODELS" in out, out[-3000:]
 
 
+def store_prompts(llm, store, seed: int) -> list[list[int]]:
+    """Stores six prompts and returns them as a batch that loads them back: three sent again as they
+    were (exact prefix loads), three reordered (their chunks found through references into the
+    exact blocks their original order stored: chunk loads). No two share a stored block."""
+    prefix_group = [prompts(llm, seed=s)[0] for s in range(seed, seed + 3)]
+    chunk_group = [prompts(llm, seed=s) for s in range(seed + 3, seed + 6)]
+    for prompt in prefix_group + [first for first, _ in chunk_group]:
+        run(llm, prompt)  # stores each prompt's exact prefix and its chunks
+    # A chunk reference is written a step after its exact blocks are confirmed: a few more steps
+    # (a request with no chunk) write the last prompt's.
+    llm.generate([{"prompt_token_ids": [10] * 20}], params(), use_tqdm=False)
+    assert wait_until_stable(store) > 0
+    forget_local_prefix_cache(llm)  # the prompts' prefixes now come from the store
+    return prefix_group + [reordered for _, reordered in chunk_group]
+
+
+def answers_fall_back_to_full_prefill(llm, plain_llm, batch) -> dict[str, float]:
+    """Sends `batch` at once; every request must report `load_failed` and answer as full prefill
+    (failed rows are computed in full: exact, even at ratio 0.15). Returns the counters' change."""
+    before = ucm_counters(llm.get_metrics())
+    outs = [result(o) for o in llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)]
+    for prompt, got in zip(batch, outs):
+        assert got.report["fallback"] == "load_failed", got.report
+        assert_same(got, run(plain_llm, prompt), tol=2e-3)
+    after = ucm_counters(llm.get_metrics())
+    counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert counts.get("blend_fallbacks_load_failed", 0) == len(batch)
+    return counts
+
+
 def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, model_dir, tmp_path, monkeypatch):
     # Two engines beside the session's two (whose KV caches take 4 GiB each): small KV caches.
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
     llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
                          disable_log_stats=False)
-    # Two groups of prompts that share no stored block: the first is sent again as it was (exact
-    # prefix loads), the second reordered (its chunks found through references into the exact
-    # blocks its original order stored: chunk loads).
-    prefix_group = [prompts(llm, seed=s)[0] for s in (301, 302, 303)]
-    chunk_group = [prompts(llm, seed=s) for s in (304, 305, 306)]
-    for prompt in prefix_group + [first for first, _ in chunk_group]:
-        run(llm, prompt)  # stores each prompt's exact prefix and its chunks
-    # A chunk reference is written a step after its exact blocks are confirmed: a few more steps
-    # (a request with no chunk) write the last prompt's before the store is damaged.
-    llm.generate([{"prompt_token_ids": [10] * 20}], params(), use_tqdm=False)
-    assert wait_until_stable(store) > 0
+    batch = store_prompts(llm, store, seed=301)
     # Damage every stored block of KV: lookups still find them, every load fails its checksum. The
     # chunk references (a few hundred bytes, read by the scheduler) stay intact: the reordered
     # prompts find their chunks through them and fail loading the exact blocks they name.
@@ -76,18 +99,8 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     # Files as they are now, by inode: a block written later is a new file (renamed into place);
     # reading a block only touches it (its mtime records use for eviction).
     inodes = {p: p.stat().st_ino for p in block_files(store)}
-    forget_local_prefix_cache(llm)  # the original prompts' prefixes now come from the store
-    before = ucm_counters(llm.get_metrics())
-
-    batch = prefix_group + [reordered for _, reordered in chunk_group]
-    outs = [result(o) for o in llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)]
-
-    for prompt, got in zip(batch, outs):  # failed rows are computed in full: exact, even at ratio 0.15
-        assert got.report["fallback"] == "load_failed", got.report
-        assert_same(got, run(plain_llm, prompt), tol=2e-3)
-    after = ucm_counters(llm.get_metrics())
-    assert after.get("failed_blocks", 0) > before.get("failed_blocks", 0)
-    assert after.get("blend_fallbacks_load_failed", 0) - before.get("blend_fallbacks_load_failed", 0) == len(batch)
+    counts = answers_fall_back_to_full_prefill(llm, plain_llm, batch)
+    assert counts.get("failed_blocks", 0) > 0
     wait_until_stable(store)
     new = [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
     assert not new, f"blocks computed over failed loads were stored: {new}"
@@ -100,3 +113,52 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     reference = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
     report = audit_store(store, reference, [{"prompt_token_ids": p} for p in batch])
     assert report.compared > 0 and report.bad == [], report
+
+
+# Another instance's writer stuck in a hung mount: it holds the store's capacity ledger until told.
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_store_that_stops_answering_neither_stalls_nor_stores(engine_factory, plain_llm, model_dir, tmp_path,
+                                                              monkeypatch):
+    """Loads that never finish in time (a prompt's blocks are megabytes; 1 ms allowed) and then dumps
+    that get no answer (the capacity ledger's lock held by another process): answers stay full
+    prefill's, nothing computed over a timed-out load is stored, and the store is written again once
+    it answers."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    store = tmp_path / "store"
+    config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=8,
+                                 store_options={"load_timeout_s": 0.001, "lookup_timeout_s": 1.0})
+    llm = engine_factory(model_dir, kv_transfer_config=config, disable_log_stats=False)
+    batch = store_prompts(llm, store, seed=311)
+    inodes = {p: p.stat().st_ino for p in block_files(store)}
+    counts = answers_fall_back_to_full_prefill(llm, plain_llm, batch)
+    assert counts.get("load_timeout_blocks", 0) > 0, counts
+    wait_until_stable(store)
+    new = [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
+    assert not new, f"blocks computed over timed-out loads were stored: {new}"
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store / LEDGER_NAME)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        fresh = [prompts(llm, seed=s)[0] for s in (321, 322)]
+        before = ucm_counters(llm.get_metrics())
+        outs = [result(o) for o in llm.generate([{"prompt_token_ids": p} for p in fresh], params(), use_tqdm=False)]
+        for prompt, got in zip(fresh, outs):  # nothing to load: computed in full, as plain vLLM does
+            assert_same(got, run(plain_llm, prompt), tol=2e-3)
+        refused = ucm_counters(llm.get_metrics()).get("dump_timeout_blocks", 0) - before.get("dump_timeout_blocks", 0)
+        assert refused > 0
+        assert len(block_files(store)) == len(inodes), "a dump went through while the ledger was held"
+    finally:
+        holder.stdin.close()  # lets go of the lock
+        holder.wait(30)
+    # The store answers again: the next new prompt is stored.
+    run(llm, prompts(llm, seed=323)[0])
+    assert wait_until_stable(store) > len(inodes)

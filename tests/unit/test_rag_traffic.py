@@ -243,3 +243,19 @@ def test_finish_and_table_with_two_instances(rt, capsys):
     rt.print_table(results)
     out = capsys.readouterr().out
     assert "blend c=2: chunk hits per instance 0% / 40%" in out and "2 passages first seen on another instance" in out
+
+
+def test_counters_are_read_from_prometheus_text_summed_over_engines(rt):
+    """The servers' /metrics text, as prometheus_client writes it: each connector counter summed
+    over its label sets (one per engine); other families and the _created samples are ignored."""
+    from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    loads = PromCounter("vllm:ucm_load_seconds", "seconds", ["engine"], registry=registry)
+    loads.labels("0").inc(1.25)
+    loads.labels("1").inc(0.5)
+    PromCounter("vllm:ucm_loaded_blocks", "blocks", registry=registry).inc(7)
+    PromCounter("vllm:prompt_tokens", "not ours", registry=registry).inc(100)
+    Gauge("vllm:ucm_not_a_counter", "gauge", registry=registry).set(3)
+    text = generate_latest(registry).decode()
+    assert sys.modules["_serving"].parse_counters(text) == {"load_seconds": 1.75, "loaded_blocks": 7.0}

@@ -118,9 +118,16 @@ class KVStoreBase(ABC):
         """Start storing blocks. Sources must stay unmodified until `wait` returns."""
 
     @abstractmethod
-    def wait(self, task: Task) -> list[bool]:
+    def wait(self, task: Task, timeout_s: float | None = None) -> list[bool]:
         """Block until the task is done; per key: load -> verified bytes are in the destination,
-        dump -> the block is stored (now or already before)."""
+        dump -> the block is stored (now or already before). A store with deadlines gives up after
+        `timeout_s` (None: its own for the kind of task) and reports the task's keys as failed."""
+
+    @property
+    def metadata_timeout_s(self) -> float | None:
+        """The deadline of metadata calls (lookups); for small reads a caller must not stall on
+        (the scheduler's chunk reference records). None: no deadline."""
+        return None
 
     @abstractmethod
     def check(self, task: Task) -> bool:

@@ -119,7 +119,7 @@ class DramStore(KVStoreBase):
             self._stats.dump_seconds += time.perf_counter() - t0
         return Task("dump", keys, results=results)
 
-    def wait(self, task: Task) -> list[bool]:
+    def wait(self, task: Task, timeout_s: float | None = None) -> list[bool]:
         assert task.results is not None
         return list(task.results)
 

@@ -186,14 +186,19 @@ class UcmNfsStore(KVStoreBase):
         task.context = _DumpContext(paths, [len(v) for v in views], reserved, set(over))
         return task
 
-    def wait(self, task: Task) -> list[bool]:
+    @property
+    def metadata_timeout_s(self) -> float | None:
+        return self.config.lookup_timeout_s or None
+
+    def wait(self, task: Task, timeout_s: float | None = None) -> list[bool]:
         if task.results is not None:
             return list(task.results)
         self._reap_abandoned()
-        timeout = self.config.load_timeout_s if task.kind == "load" else self.config.dump_timeout_s
-        done = self._engine.wait(task.native_id, timeout or -1.0)
+        if timeout_s is None:
+            timeout_s = self.config.load_timeout_s if task.kind == "load" else self.config.dump_timeout_s
+        done = self._engine.wait(task.native_id, timeout_s or -1.0)
         if done is None:
-            return self._abandon(task) if task.kind == "load" else self._abandon_dump(task)
+            return self._abandon(task, timeout_s) if task.kind == "load" else self._abandon_dump(task)
         statuses, errnos, tokens, seconds = done
         if task.kind == "load":
             results = self._finish_load(task, statuses, errnos, tokens, seconds)
@@ -292,8 +297,8 @@ class UcmNfsStore(KVStoreBase):
                         len(paths), timeout)
         return None
 
-    def _abandon(self, task: Task) -> list[bool]:
-        """A load past `load_timeout_s`: a miss for the caller (only DRAM-served keys are True)."""
+    def _abandon(self, task: Task, timeout_s: float) -> list[bool]:
+        """A load past its deadline: a miss for the caller (only DRAM-served keys are True)."""
         task.timed_out = True
         task.results = [i in task.served_from_dram for i in range(len(task.keys))]
         timed_out = len(task.native_indices)
@@ -303,9 +308,9 @@ class UcmNfsStore(KVStoreBase):
             self._stats.load_errors += timed_out
             self._stats.load_blocks += len(task.served_from_dram)
             self._stats.dram_hits += len(task.served_from_dram)
-        self._warn_once(("load timeout",), "store load of %d blocks not done after load_timeout_s=%g s (hung or "
-                        "overloaded mount?); they count as misses and are recomputed; further timeouts are only "
-                        "counted in stats().load_timeouts", timed_out, self.config.load_timeout_s)
+        self._warn_once(("load timeout",), "store load of %d blocks not done after %g s (hung or overloaded "
+                        "mount?); they count as misses and are recomputed; further timeouts are only counted in "
+                        "stats().load_timeouts", timed_out, timeout_s)
         return list(task.results)
 
     def _abandon_dump(self, task: Task) -> list[bool]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ucm.argparse_help import HelpFormatter
 from ucm.store.keys import KeyKind, shard_key, store_key
 
 logger = logging.getLogger(__name__)
@@ -298,16 +299,11 @@ def _remove(store, keys: Sequence[bytes]) -> bool:
     return True
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    def _get_help_string(self, action: argparse.Action) -> str | None:  # no "(default: None)"
-        return action.help if action.default is None or action.default is False else super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ucm.integration.vllm.audit",
-                                description="Recompute a shared KV store's EXACT blocks for the given prompts and "
+                                description="Recompute a shared KV store's EXACT blocks for the given prompts and\n"
                                 "report (or --remove) those whose KV differs beyond the dtype's noise.",
-                                formatter_class=_Formatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--store", required=True, metavar="DIR",
                    help="the audited store directory (its storage_backends; several separated by ':')")
     p.add_argument("--prompts", required=True, metavar="FILE", help='JSONL, one per line: {"prompt_token_ids": '

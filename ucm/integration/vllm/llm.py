@@ -43,14 +43,17 @@ def make_llm(model: str, **overrides: Any):
 
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
                         check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
-                        chunk_store: str | None = None, kv_shift: float | None = None):
+                        chunk_store: str | None = None, kv_shift: float | None = None,
+                        store_options: dict[str, Any] | None = None):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given
-    (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default)."""
+    (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default; `store_options`:
+    more UcmNfsStore keys, such as its timeouts)."""
     from vllm.config import KVTransferConfig
 
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
     if capacity_gb is not None:
         store["capacity_gb"] = capacity_gb
+    store.update(store_options or {})
     extra: dict[str, Any] = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": store}]}
     if blend_ratio is not None:
         extra["ucm_sparse_config"] = {"Blend": {"chunk_end_token_id": chunk_end_token_id,
@@ -64,6 +67,13 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
 
 def shutdown(llm) -> None:
     """Stop an engine's processes now rather than at interpreter exit."""
+    import psutil
+
     core = getattr(llm.llm_engine, "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
+        try:
+            core.shutdown()
+        except psutil.NoSuchProcess:
+            # vLLM 0.32 lists the engine's process tree, then reads each child's name to kill it:
+            # a worker that exits in between raises. It is gone, which is what was asked.
+            pass

@@ -48,11 +48,3 @@ class BlendQwen2ForCausalLM(BlendMixin, Qwen2ForCausalLM):
 class BlendQwen3ForCausalLM(BlendMixin, Qwen3ForCausalLM):
     pass
 
-
-# vLLM architecture name -> our class ("module:Class" for ModelRegistry.register_model).
-OVERRIDES = {
-    "LlamaForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",
-    "MistralForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",
-    "Qwen2ForCausalLM": "ucm.integration.vllm.blend.models:BlendQwen2ForCausalLM",
-    "Qwen3ForCausalLM": "ucm.integration.vllm.blend.models:BlendQwen3ForCausalLM",
-}

@@ -203,7 +203,10 @@ class SchedulerSide:
             coming = {r.key for r in self._refs_waiting} | {k for task, _ in self._ref_writes for k in task.keys}
             self._awaited |= any(not hit and k in coming for hit, k in zip(hits, keys))
         records = [bytearray(REF_BYTES) for _ in found]
-        ok = self.store.wait(self.store.load([keys[i] for i in found], records)) if found else []
+        # Small reads on the scheduler's path: a lookup's deadline, not a KV load's (a mount that
+        # answers stats but not reads must not hold every step for load_timeout_s).
+        ok = (self.store.wait(self.store.load([keys[i] for i in found], records), self.store.metadata_timeout_s)
+              if found else [])
         self.stats.add("lookup_seconds", time.perf_counter() - start)
         refs: dict[int, ChunkRef] = {}
         for i, record, good in zip(found, records, ok):

@@ -23,6 +23,7 @@ from ucm.integration.vllm.connector.model_identity import model_digest
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
 from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetrics
 from ucm.integration.vllm.connector.worker_side import BlendStep, WorkerSide
+from ucm.integration.vllm.plugin import share_vllm_logging
 from ucm.sparse.blend.rope import check_rope_supports_delta
 from ucm.store.factory import create_store
 
@@ -110,6 +111,7 @@ def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
 class UCMConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        share_vllm_logging()  # vLLM's logging is configured by now: follow its --log-level
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.ucm_config = UCMConfig.from_extra_config(extra)
         if len(self.ucm_config.stores) > 1:

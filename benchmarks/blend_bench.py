@@ -28,7 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep the progress bar readable
+from ucm.eval.quiet import quiet_vllm
+
+quiet_vllm()  # before vLLM is imported: keep the progress bar readable (VLLM_LOGGING_LEVEL=INFO for vLLM's logs)
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
                             plus_chunk_start, plus_kv_shift)

@@ -190,6 +190,11 @@ TRAFFIC_RUNS = [
     ("rag_traffic_fresh.json", "RAG stream with no reuse: no passage sent twice (default settings)",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh "
      "--out benchmarks/results/rag_traffic_fresh.json", None),
+    ("rag_traffic_zipf24_two_instances.json", "Two instances, one store: the Zipf stream, 24 requests, round robin "
+     "over two `ucm-vllm serve` instances per server, each on one core (Blend's on one store directory, plain vLLM's "
+     "each with its own prefix cache); one instance on both cores ran the same stream in the next section",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --instances 2 "
+     "--out benchmarks/results/rag_traffic_zipf24_two_instances.json", None),
     ("rag_traffic_zipf24_threshold.json", "Long prefills leave an eighth of each step (long_prefill_token_threshold "
      "1792 of 2048): the Zipf stream, 24 requests, Blend only; plain vLLM's rows and the run without the threshold "
      "in the next section (same session)",

@@ -26,16 +26,11 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
-# Before vLLM is imported (the engine processes inherit the environment): the bar and the tables
-# are what a user runs this for.
-VERBOSE = any(a in ("-v", "--verbose") for a in sys.argv[1:])
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if VERBOSE else "WARNING")
-if not VERBOSE:
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
-    warnings.simplefilter("ignore", DeprecationWarning)
-    warnings.simplefilter("ignore", FutureWarning)
+from ucm.eval.quiet import quiet_vllm
+
+# Before vLLM is imported: the bar and the tables are what a user runs this for.
+quiet_vllm(verbose=any(a in ("-v", "--verbose") for a in sys.argv[1:]))
 
 from ucm.eval.modes import modes_for  # noqa: E402
 from ucm.argparse_help import HelpFormatter  # noqa: E402

@@ -66,6 +66,12 @@ def store_prompts(llm, store, seed: int) -> list[list[int]]:
     return prefix_group + [reordered for _, reordered in chunk_group]
 
 
+def written_since(store, inodes: dict) -> list:
+    """Block files written since `inodes` was taken: a block written later is a new file (renamed
+    into place); reading a block only touches it (its mtime records use for eviction)."""
+    return [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
+
+
 def answers_fall_back_to_full_prefill(llm, plain_llm, batch) -> dict[str, float]:
     """Sends `batch` at once; every request must report `load_failed` and answer as full prefill
     (failed rows are computed in full: exact, even at ratio 0.15). Returns the counters' change."""
@@ -96,13 +102,11 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
             with open(path, "r+b") as f:
                 f.truncate(os.path.getsize(path) // 2)
         os.utime(path, (past, past))
-    # Files as they are now, by inode: a block written later is a new file (renamed into place);
-    # reading a block only touches it (its mtime records use for eviction).
     inodes = {p: p.stat().st_ino for p in block_files(store)}
     counts = answers_fall_back_to_full_prefill(llm, plain_llm, batch)
     assert counts.get("failed_blocks", 0) > 0
     wait_until_stable(store)
-    new = [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
+    new = written_since(store, inodes)
     assert not new, f"blocks computed over failed loads were stored: {new}"
 
     # The damaged blocks are gone (removed when their loads failed): the same batch again computes
@@ -141,7 +145,7 @@ def test_a_store_that_stops_answering_neither_stalls_nor_stores(engine_factory, 
     counts = answers_fall_back_to_full_prefill(llm, plain_llm, batch)
     assert counts.get("load_timeout_blocks", 0) > 0, counts
     wait_until_stable(store)
-    new = [p for p in block_files(store) if inodes.get(p) != p.stat().st_ino]
+    new = written_since(store, inodes)
     assert not new, f"blocks computed over timed-out loads were stored: {new}"
 
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store / LEDGER_NAME)], stdin=subprocess.PIPE,

@@ -167,25 +167,54 @@ def test_mixed_batch_matches_requests_alone(blend_llm, plain_llm):
     assert_same(outputs["decode"], run(plain_llm, decoding, max_tokens=24))
 
 
+def _passage_chunks(llm, seed: int, passages: int = 3, words: int = 200):
+    """Token ids of a generated question's passages (one chunk each, no marker) and its question."""
+    tok = llm.get_tokenizer()
+    ex = generate_synthetic(num_examples=1, passages_per_example=passages, passage_words=words, seed=seed)[0]
+    chunks = [tok.encode(p + "\n\n", add_special_tokens=False) for p in ex.passages]
+    return chunks, tok.encode("Question: " + ex.question + "\nAnswer:", add_special_tokens=False)
+
+
+def _ask(llm, pieces: list[list[int]], question: list[int], **kw):
+    """Sends the pieces (each a chunk, boundaries in ucm_chunk_lengths) and the question."""
+    ids = [t for piece in pieces for t in piece] + question
+    sp = params(**kw)
+    sp.extra_args = sp.extra_args or {"kv_transfer_params": {}}
+    sp.extra_args["kv_transfer_params"]["ucm_chunk_lengths"] = [len(piece) for piece in pieces]
+    return result(llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]), ids
+
+
 def test_chunk_lengths_per_request_need_no_marker(blend_llm, plain_llm):
     """Chunk boundaries given in kv_transfer_params: prompts without any marker token reuse chunks."""
-    tok = blend_llm.get_tokenizer()
-    ex = generate_synthetic(num_examples=1, passages_per_example=3, passage_words=200, seed=109)[0]
-    chunks = [tok.encode(p + "\n\n", add_special_tokens=False) for p in ex.passages]
-    question = tok.encode("Question: " + ex.question + "\nAnswer:", add_special_tokens=False)
-
-    def ask(order, **kw):
-        ids = [t for i in order for t in chunks[i]] + question
-        lengths = [len(chunks[i]) for i in order]
-        prompt = {"prompt_token_ids": ids}
-        sp = params(**kw)
-        sp.extra_args["kv_transfer_params"]["ucm_chunk_lengths"] = lengths
-        return result(blend_llm.generate([prompt], sp, use_tqdm=False)[0]), ids
-
-    ask([0, 1, 2], ratio=0.15)
-    blended, ids = ask([2, 0, 1], ratio=1.0)
+    chunks, question = _passage_chunks(blend_llm, seed=109)
+    _ask(blend_llm, chunks, question, ratio=0.15)
+    blended, ids = _ask(blend_llm, [chunks[i] for i in (2, 0, 1)], question, ratio=1.0)
     assert blended.report["blended"] and blended.report["chunk_hit_blocks"] == blended.report["chunk_blocks"]
     assert_same(blended, run(plain_llm, ids))
+
+
+def test_misses_between_loaded_chunks_keep_the_probes_kv(blend_llm, plain_llm):
+    """Rows without loaded KV run the later layers once, in the question probe, and keep the KV
+    they wrote there; only the question runs again. Here the prompt's own KV is loaded (exact)
+    and one passage is split in two, so its second half hashes from a new chunk start and misses
+    between loaded chunks: computed over exact KV, its probe KV is exact, and so is the answer."""
+    from ucm.integration.vllm.connector.stats import ucm_counters
+
+    chunks, question = _passage_chunks(blend_llm, seed=112, passages=4, words=400)
+    _ask(blend_llm, chunks, question)
+    forget_local_prefix_cache(blend_llm)
+    bs = blend_llm.llm_engine.vllm_config.cache_config.block_size
+    half = len(chunks[2]) // 2 // bs * bs
+    assert half > 0 and len(chunks[2]) - half > bs, "the split passage must keep a whole loaded block and miss one"
+    pieces = chunks[:2] + [chunks[2][:half], chunks[2][half:]] + chunks[3:]
+    before = ucm_counters().get("probe_tokens", 0)
+    blended, ids = _ask(blend_llm, pieces, question, ratio=0.3, exact_prefix=False)
+    probed = ucm_counters()["probe_tokens"] - before
+    report = blended.report
+    assert report["blended"] and report["selection"] == "query" and report["fallback"] is None
+    assert 0 < report["chunk_hit_blocks"] < report["chunk_blocks"]
+    assert probed >= len(chunks[2]) - half + len(question)  # the misses went through the probe
+    assert_same(blended, run(plain_llm, ids), tol=2e-3)
 
 
 def test_prompt_longer_than_the_step_budget_blends(blend_llm, plain_llm):

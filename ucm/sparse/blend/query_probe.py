@@ -87,10 +87,12 @@ def probe_query_mask(
     """Rows whose attention scores the loaded tokens: per request, the rows after its last loaded
     row (its question), at most the last ``max_queries`` of them. ``[n]`` bool.
 
-    The probe runs every row without loaded KV of a request through the later layers once more,
-    so a request is probed only while those rows are no more than ``max(max_queries, its loaded
-    rows)``: a long uncached text behind a short cached chunk (a new document after a cached
-    system prompt) ranks by deviation alone instead of doubling its compute. Rows of a request
+    The probe runs every row without loaded KV of a request through the later layers over the
+    loaded KV as it is, and those rows keep the KV it wrote (only the question runs again over
+    the recomputed rows). So a request is probed only while those rows are no more than
+    ``max(max_queries, its loaded rows)``: a long uncached text behind a short cached chunk (a new
+    document after a cached system prompt) ranks by deviation alone and is computed over the
+    recomputed rows, as without a probe. Rows of a request
     are contiguous and in position order (vLLM's batch layout); a request with no loaded row, or
     whose last row is loaded, gets none.
     """

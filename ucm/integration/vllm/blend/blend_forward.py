@@ -7,7 +7,7 @@ those layers first run only on the rows without loaded KV: the rows after the re
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
 gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
 top candidates by that attention, which then run the layers before the check layer too
-(query_probe.py). The diagnostic "oracle" first runs the batch as full prefill and ranks by the
+(query_probe.py); the probed rows keep the KV the probe wrote, only the question runs again. The diagnostic "oracle" first runs the batch as full prefill and ranks by the
 question's attention there times each token's V error, then restores the loaded KV. Full reuse
 (ratio 0) runs those layers on the uncached rows only. The selected tokens, every token whose KV
 was not loaded (cache misses, the suffix, tokens of other requests) and each request's last token
@@ -104,8 +104,9 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     _add_deviation(deviation, layers[check], step, b, rule_of_row, row, loaded & ~lazy, hidden, residual)
     tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
     candidates = per_cost = None
+    probe_rows = ~loaded & probed[segment]  # run through every layer by the probe, over the loaded KV
     if bool(probed.any()):
-        mass = _query_attention_mass(model, step, b, hidden, residual, ~loaded & probed[segment], queries)
+        mass = _query_attention_mass(model, step, b, hidden, residual, probe_rows, queries)
         if tp:  # every rank must pick the same candidates
             mass = tensor_model_parallel_all_reduce(mass)
         per_cost = attention_per_cost(mass, positions)
@@ -128,8 +129,16 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
-    compute = ~loaded | hkvd | last
-    _count_rows(step, compute, batch.scheduled)
+    # The probe's rows keep the KV it wrote, except the question's and vLLM's scheduled rows, which
+    # run again over the recomputed KV: running the misses twice cost a blended request on a RAG
+    # stream about as much as its misses (docs/research.md, "The probe's second pass").
+    again = queries | last
+    if batch.scheduled is None:
+        again |= probe_rows
+    else:
+        again[batch.scheduled] = True
+    compute = (~loaded & ~probe_rows) | (probe_rows & again) | hkvd | last
+    _count_rows(step, compute | probe_rows, batch.scheduled)
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.
     hidden, residual = run_layers(layers[:check], b, compute & lazy, hidden, residual)
@@ -348,8 +357,8 @@ def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual
     `run_rows` (every row without loaded KV of the probed requests) go through those layers over
     the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows are captured at
     each attention layer and scored against the request's whole K (prefix included) read back
-    from the paged cache. The KV these rows write is rewritten by the main pass, which computes
-    every row without loaded KV.
+    from the paged cache. The rows keep the KV they write here; the main pass runs only the
+    question's and vLLM's scheduled rows of them again.
     """
     n = b.positions.shape[0]
     pseudo = pseudo_request_metadata(run_rows, b.segment, b.positions.long())

@@ -6,7 +6,8 @@
 // queries over a gathered copy of K/V, then four elementwise passes over a score buffer that
 // does not fit in cache. Here each (KV head, tile of queries) reads the pages in place, one page
 // at a time: scores for the page stay in L1/L2, softmax is online (flash style), and P.V is
-// accumulated right away. Two register-blocked AVX-512 micro-kernels do the FLOPs.
+// accumulated right away. Two register-blocked micro-kernels do the FLOPs: AVX-512 (16 lanes, 32
+// registers) where the CPU has it, else AVX2 + FMA (8 lanes, 16 registers, smaller blocks).
 //
 // Page formats (vLLM's CPU attention), for every (page, KV head) K then V:
 //   kF32, kBF16 (ISA vec/vec16): K transposed [head_dim, page_size], V [page_size, head_dim].
@@ -15,8 +16,9 @@
 //     + (t/2)*32 + (d%16)*2 + t%2, so one load holds 16 dims of keys t, t+1.
 // bfloat16 is widened to float32 in registers (a 16-bit shift); all arithmetic is float32.
 //
-// The kernel is compiled for AVX-512F via a target attribute and only called where the CPU has
-// it; `supports()` says so, and Python falls back to the torch path otherwise.
+// Each variant is compiled via a target attribute and only called where the CPU has it;
+// `isas()` lists them (best first), `supports()` says whether any applies, and Python falls back
+// to the torch path otherwise.
 //
 // Threads: the caller's thread works too, plus num_threads - 1 helpers. vLLM's CPU worker binds
 // each OpenMP thread to one core, and a thread inherits its creator's binding, so helpers would
@@ -41,6 +43,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define UCM_AVX512 __attribute__((target("avx512f")))
+#define UCM_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace py = pybind11;
@@ -48,6 +51,7 @@ namespace py = pybind11;
 namespace ucm_attn {
 
 enum PageFormat { kF32 = 0, kBF16 = 1, kBF16Amx = 2 };
+enum Isa { kBest = 0, kAvx512 = 1, kAvx2 = 2 };
 
 struct Problem {
   const float* q;        // [n, hk * group, D], contiguous
@@ -173,14 +177,11 @@ struct Scratch {
   std::vector<int64_t> pos;
 };
 
-// One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
-template <int D, int Fmt, typename T>
-UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
-  constexpr int MR = 24 / (D / 16);  // P.V rows per block: 6 for D=64, 3 for D=128
-  const int g = pb.group, ps = pb.page_size, hq = pb.hk * g;
-  const int rows = static_cast<int>(t1 - t0) * g;
-  const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
-  const int lds = ps;
+// Sizes the scratch for R rows (query, head in group) of KV head h and copies the scaled queries
+// [t0, t0 + rows / group) in; padding rows up to R repeat the last row (their output is dropped).
+template <int D>
+static void fill_queries(const Problem& pb, int h, int64_t t0, int rows, int R, int lds, Scratch& w) {
+  const int g = pb.group, hq = pb.hk * g;
   w.q.assign(static_cast<size_t>(R) * D, 0.0f);
   w.o.assign(static_cast<size_t>(R) * D, 0.0f);
   w.s.resize(static_cast<size_t>(R) * lds);
@@ -188,13 +189,37 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
   w.l.assign(R, 0.0f);
   w.pos.resize(R);
   for (int r = 0; r < R; ++r) {
-    const int rr = std::min(r, rows - 1);  // padding rows repeat the last row, output dropped
+    const int rr = std::min(r, rows - 1);
     const int64_t t = t0 + rr / g;
     const int head = h * g + rr % g;
     w.pos[r] = pb.pos[t];
     const float* src = pb.q + (t * hq + head) * D;
     for (int d = 0; d < D; ++d) w.q[r * D + d] = src[d] * pb.scale;
   }
+}
+
+// The normalised output rows of KV head h, queries [t0, t0 + rows / group).
+template <int D>
+static void write_out(const Problem& pb, int h, int64_t t0, int rows, const Scratch& w) {
+  const int g = pb.group, hq = pb.hk * g;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t t = t0 + r / g;
+    const int head = h * g + r % g;
+    float* dst = pb.out + (t * hq + head) * D;
+    const float inv = 1.0f / w.l[r];
+    for (int d = 0; d < D; ++d) dst[d] = w.o[r * D + d] * inv;
+  }
+}
+
+// One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
+template <int D, int Fmt, typename T>
+UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
+  constexpr int MR = 24 / (D / 16);  // P.V rows per block: 6 for D=64, 3 for D=128
+  const int g = pb.group, ps = pb.page_size;
+  const int rows = static_cast<int>(t1 - t0) * g;
+  const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
+  const int lds = ps;
+  fill_queries<D>(pb, h, t0, rows, R, lds, w);
   const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
   const int64_t npages = last / ps + 1;
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
@@ -248,16 +273,201 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
     for (int r0 = r_live; r0 < R; r0 += MR)
       pv_block<D, MR, Fmt>(w.s.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
   }
-  for (int r = 0; r < rows; ++r) {
-    const int64_t t = t0 + r / g;
-    const int head = h * g + r % g;
-    float* dst = pb.out + (t * hq + head) * D;
-    const float inv = 1.0f / w.l[r];
-    for (int d = 0; d < D; ++d) dst[d] = w.o[r * D + d] * inv;
+  write_out<D>(pb, h, t0, rows, w);
+}
+
+
+// ---- AVX2 + FMA: the same algorithm with 8 lanes and 16 registers ---------------------------
+// It mirrors the AVX-512 kernels above function by function (other intrinsics, smaller register
+// blocks, lane masks built by compares). A shared template over a vector type would rewrite the
+// AVX-512 path, which AVX2-only hosts cannot run; the unit tests run every variant a host has
+// against the same dense reference.
+namespace avx2 {
+
+constexpr int kRows = 4;   // S micro-kernel: 4 rows x 16 keys (8 accumulators)
+constexpr int kKeys = 16;  // a multiple of 16: an AMX K tile is never split
+constexpr int kPvRows = 2;  // P.V micro-kernel: 2 rows x 32 dims (8 accumulators)
+
+// exp(x) for 8 lanes: exp16's polynomial, scaled by 2^n built in the exponent bits, so n stays
+// within the normal range (inputs clamped at ln(FLT_MIN)); inputs below that give exactly 0.
+UCM_AVX2 static inline __m256 exp8(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+UCM_AVX2 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+UCM_AVX2 static inline __m256 load8(const uint16_t* p) {  // bfloat16: the high half of a float32
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+// The even and odd bfloat16 elements of 16 interleaved ones (8 AMX VNNI pairs), as two float vectors.
+UCM_AVX2 static inline void load_pair(const uint16_t* p, __m256& even, __m256& odd) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+// All ones in the first `k` lanes (0 <= k <= 8).
+UCM_AVX2 static inline __m256 first_lanes(int k) {
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+UCM_AVX2 static inline float reduce_max(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+UCM_AVX2 static inline float reduce_add(__m256 x) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+
+// s[r, 0:16] = q[r, :] . K[c0:c0+16, :] for 4 rows, K of one (page, head); ps = page size.
+template <int D, int Fmt, typename T>
+UCM_AVX2 static inline void qk_4x16(const float* q, const T* kt, int ps, int c0, float* s, int lds) {
+  __m256 c[kRows][2];
+  for (int r = 0; r < kRows; ++r) c[r][0] = c[r][1] = _mm256_setzero_ps();
+  if constexpr (Fmt == kBF16Amx) {
+    const T* tile = kt + static_cast<int64_t>(c0 / 16) * 16 * D;  // keys c0 .. c0+15
+    for (int d = 0; d < D; d += 2) {
+      __m256 k0, k0n, k1, k1n;  // dims d (k0, k1) and d + 1 (k0n, k1n) of keys c0.. and c0+8..
+      load_pair(tile + d * 16, k0, k0n);
+      load_pair(tile + d * 16 + 16, k1, k1n);
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 a = _mm256_set1_ps(q[r * D + d]), b = _mm256_set1_ps(q[r * D + d + 1]);
+        c[r][0] = _mm256_fmadd_ps(b, k0n, _mm256_fmadd_ps(a, k0, c[r][0]));
+        c[r][1] = _mm256_fmadd_ps(b, k1n, _mm256_fmadd_ps(a, k1, c[r][1]));
+      }
+    }
+  } else {
+    for (int d = 0; d < D; ++d) {
+      const __m256 k0 = load8(kt + d * ps + c0);
+      const __m256 k1 = load8(kt + d * ps + c0 + 8);
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 a = _mm256_set1_ps(q[r * D + d]);
+        c[r][0] = _mm256_fmadd_ps(a, k0, c[r][0]);
+        c[r][1] = _mm256_fmadd_ps(a, k1, c[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    _mm256_storeu_ps(s + r * lds, c[r][0]);
+    _mm256_storeu_ps(s + r * lds + 8, c[r][1]);
   }
 }
 
+// o[r, 32x:32x+32] += p[r, 0:keys] . V[0:keys, 32x:32x+32] for 2 rows, every x.
 template <int D, int Fmt, typename T>
+UCM_AVX2 static inline void pv_block(const float* p, int ldp, const T* v, int ps, int keys, float* o) {
+  for (int x = 0; x < D / 32; ++x) {
+    __m256 c[kPvRows][4];
+    for (int r = 0; r < kPvRows; ++r)
+      for (int y = 0; y < 4; ++y) c[r][y] = _mm256_loadu_ps(o + r * D + 32 * x + 8 * y);
+    if constexpr (Fmt == kBF16Amx) {
+      for (int j = 0; j < keys; j += 2) {
+        const bool two = j + 1 < keys;  // an odd tail: key j alone (p[j + 1] is not a score)
+        for (int y = 0; y < 4; ++y) {
+          const int dim = 32 * x + 8 * y;  // 8 dims in the 16-dim block dim / 16, half (dim % 16) / 8
+          __m256 va, vb;
+          load_pair(v + static_cast<int64_t>(dim / 16) * 16 * ps + j * 16 + (dim % 16) * 2, va, vb);
+          for (int r = 0; r < kPvRows; ++r) {
+            c[r][y] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * ldp + j]), va, c[r][y]);
+            if (two) c[r][y] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * ldp + j + 1]), vb, c[r][y]);
+          }
+        }
+      }
+    } else {
+      for (int j = 0; j < keys; ++j) {
+        __m256 vv[4];
+        for (int y = 0; y < 4; ++y) vv[y] = load8(v + j * D + 32 * x + 8 * y);
+        for (int r = 0; r < kPvRows; ++r) {
+          const __m256 a = _mm256_set1_ps(p[r * ldp + j]);
+          for (int y = 0; y < 4; ++y) c[r][y] = _mm256_fmadd_ps(a, vv[y], c[r][y]);
+        }
+      }
+    }
+    for (int r = 0; r < kPvRows; ++r)
+      for (int y = 0; y < 4; ++y) _mm256_storeu_ps(o + r * D + 32 * x + 8 * y, c[r][y]);
+  }
+}
+
+// One KV head, queries [t0, t1): as the AVX-512 run_tile, rows padded to a multiple of 4.
+template <int D, int Fmt, typename T>
+UCM_AVX2 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
+  const int g = pb.group, ps = pb.page_size;
+  const int rows = static_cast<int>(t1 - t0) * g;
+  const int R = (rows + kRows - 1) / kRows * kRows;
+  const int lds = ps;
+  fill_queries<D>(pb, h, t0, rows, R, lds, w);
+  const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
+  const int64_t npages = last / ps + 1;
+  if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t p = 0; p < npages; ++p) {
+    const T* kt = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
+    const T* v = kt + static_cast<int64_t>(D) * ps;
+    const int64_t base = p * ps;
+    const int kend = static_cast<int>(std::min<int64_t>(ps, last + 1 - base));  // keys any row sees
+    const int kpad = (kend + kKeys - 1) / kKeys * kKeys;  // <= ps (a multiple of 32)
+    int r_live = 0;
+    if (base > first)
+      while (r_live < R && w.pos[r_live] < base) ++r_live;
+    r_live = r_live / kRows * kRows;
+    for (int c0 = 0; c0 < kpad; c0 += kKeys)
+      for (int r0 = r_live; r0 < R; r0 += kRows)
+        qk_4x16<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * lds + c0, lds);
+    for (int r = r_live; r < R; ++r) {
+      float* srow = w.s.data() + r * lds;
+      const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
+      if (valid == 0) {
+        std::memset(srow, 0, sizeof(float) * kend);
+        continue;
+      }
+      // Scores exist up to kpad (<= lds), so whole vectors are read; lanes at or past `valid`
+      // (later keys, or unwritten slots that may hold NaN) are masked out by blend / and.
+      __m256 mx = neg_inf;
+      for (int j = 0; j < valid; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(srow + j), first_lanes(valid - j)));
+      const float m_new = std::max(w.m[r], reduce_max(mx));
+      const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
+      const __m256 mv = _mm256_set1_ps(m_new);
+      __m256 sum = _mm256_setzero_ps();
+      for (int j = 0; j < kend; j += 8) {
+        const int vis = std::clamp(valid - j, 0, 8);
+        const __m256 e = _mm256_and_ps(first_lanes(vis), exp8(_mm256_sub_ps(_mm256_loadu_ps(srow + j), mv)));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(srow + j, e);
+      }
+      w.l[r] = w.l[r] * alpha + reduce_add(sum);
+      w.m[r] = m_new;
+      if (alpha != 1.0f) {
+        float* orow = w.o.data() + r * D;
+        const __m256 av = _mm256_set1_ps(alpha);
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(orow + d), av));
+      }
+    }
+    for (int r0 = r_live; r0 < R; r0 += kPvRows)
+      pv_block<D, Fmt>(w.s.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
+  }
+  write_out<D>(pb, h, t0, rows, w);
+}
+
+}  // namespace avx2
+
+template <int D, int Fmt, typename T, int Isa>
 static void run(const Problem& pb, int num_threads, const std::vector<int>& helper_cpus) {
   const int64_t tq = pb.tile_queries;
   const int64_t ntiles = (pb.n + tq - 1) / tq;
@@ -278,7 +488,10 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
       const int64_t tile = ntiles - 1 - i / pb.hk;
       const int h = static_cast<int>(i % pb.hk);
       try {
-        run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
+        if constexpr (Isa == kAvx512)
+          run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
+        else
+          avx2::run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
       } catch (const std::exception& e) {
         if (!failed.exchange(true)) error = e.what();
         next.store(items);
@@ -293,34 +506,57 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
   if (failed) throw std::runtime_error(error);
 }
 
-static bool cpu_ok() { return __builtin_cpu_supports("avx512f"); }
+static bool cpu_has(int isa) {
+  if (isa == kAvx512) return __builtin_cpu_supports("avx512f");
+  return isa == kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 
 #else
-static bool cpu_ok() { return false; }
+static bool cpu_has(int) { return false; }
 #endif
 
+// The variants this CPU runs, best first.
+std::vector<int> isas() {
+  std::vector<int> out;
+  for (int isa : {kAvx512, kAvx2})
+    if (cpu_has(isa)) out.push_back(isa);
+  return out;
+}
+
 bool supports(int head_dim, int page_size) {
-  return cpu_ok() && (head_dim == 64 || head_dim == 128) && page_size > 0 && page_size % 32 == 0;
+  return !isas().empty() && (head_dim == 64 || head_dim == 128) && page_size > 0 && page_size % 32 == 0;
 }
 
 #if defined(__x86_64__)
-template <int D>
+template <int D, int Isa>
 static void run_format(const Problem& pb, int format, int num_threads, const std::vector<int>& helper_cpus) {
   if (format == kF32)
-    run<D, kF32, float>(pb, num_threads, helper_cpus);
+    run<D, kF32, float, Isa>(pb, num_threads, helper_cpus);
   else if (format == kBF16)
-    run<D, kBF16, uint16_t>(pb, num_threads, helper_cpus);
+    run<D, kBF16, uint16_t, Isa>(pb, num_threads, helper_cpus);
   else
-    run<D, kBF16Amx, uint16_t>(pb, num_threads, helper_cpus);
+    run<D, kBF16Amx, uint16_t, Isa>(pb, num_threads, helper_cpus);
+}
+
+template <int D>
+static void run_isa(const Problem& pb, int isa, int format, int num_threads, const std::vector<int>& helper_cpus) {
+  if (isa == kAvx512)
+    run_format<D, kAvx512>(pb, format, num_threads, helper_cpus);
+  else
+    run_format<D, kAvx2>(pb, format, num_threads, helper_cpus);
 }
 #endif
 
 void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int page_format,
                             int64_t page_stride, int64_t head_stride, uintptr_t table, int64_t num_pages, int hk,
                             int group, int head_dim, int page_size, double scale, uintptr_t out, int tile_queries,
-                            int num_threads, const std::vector<int>& helper_cpus) {
+                            int num_threads, const std::vector<int>& helper_cpus, int isa) {
   if (!supports(head_dim, page_size))
-    throw std::invalid_argument("paged_causal_attention: unsupported head_dim/page_size or CPU without AVX-512F");
+    throw std::invalid_argument("paged_causal_attention: unsupported head_dim/page_size or CPU without AVX2/AVX-512F");
+  const std::vector<int> available = isas();
+  if (isa == kBest) isa = available.front();
+  if (std::find(available.begin(), available.end(), isa) == available.end())
+    throw std::invalid_argument("paged_causal_attention: this CPU cannot run the requested ISA");
   if (page_format < kF32 || page_format > kBF16Amx) throw std::invalid_argument("unknown page format");
   if (n <= 0) return;
   if (hk <= 0 || group <= 0 || tile_queries <= 0) throw std::invalid_argument("hk, group and tile must be positive");
@@ -331,16 +567,19 @@ void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pag
 #if defined(__x86_64__)
   py::gil_scoped_release release;
   if (head_dim == 64)
-    run_format<64>(pb, page_format, num_threads, helper_cpus);
+    run_isa<64>(pb, isa, page_format, num_threads, helper_cpus);
   else
-    run_format<128>(pb, page_format, num_threads, helper_cpus);
+    run_isa<128>(pb, isa, page_format, num_threads, helper_cpus);
 #endif
 }
 
 }  // namespace ucm_attn
 
 PYBIND11_MODULE(_attention, m) {
-  m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX-512F).";
+  m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX-512F or AVX2 + FMA).";
+  m.attr("AVX512") = static_cast<int>(ucm_attn::kAvx512);
+  m.attr("AVX2") = static_cast<int>(ucm_attn::kAvx2);
+  m.def("isas", &ucm_attn::isas, "The kernel variants this CPU runs, best first.");
   m.attr("F32") = static_cast<int>(ucm_attn::kF32);
   m.attr("BF16") = static_cast<int>(ucm_attn::kBF16);
   m.attr("BF16_AMX") = static_cast<int>(ucm_attn::kBF16Amx);
@@ -349,6 +588,6 @@ PYBIND11_MODULE(_attention, m) {
   m.def("paged_causal_attention", &ucm_attn::paged_causal_attention, py::arg("q"), py::arg("pos"), py::arg("n"),
         py::arg("pages"), py::arg("page_format"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
         py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
-        py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"),
+        py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"), py::arg("isa") = 0,
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
 }

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from ucm.sparse.blend.runs import causal_attention_reference
-from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
+from ucm.sparse.blend.tiled_attention import (NATIVE_ISAS, TilePlan, native_supported, paged_causal_attention,
                                                tiled_causal_attention)
 
 pytestmark = pytest.mark.skipif(not native_supported(torch.float32, 64, 32),
-                                reason="native paged attention needs the built extension and AVX-512F")
+                                reason="native paged attention needs the built extension and AVX-512F or AVX2")
+# Each test runs every variant of the kernel this CPU can run (AVX-512F hosts: both).
+isas = pytest.mark.parametrize("isa", NATIVE_ISAS or [None])
 
 
 def paged(k, v, page_size, spare=3, seed=0):
@@ -32,9 +34,10 @@ def paged(k, v, page_size, spare=3, seed=0):
     return pages, table
 
 
+@isas
 @pytest.mark.parametrize("kv_heads,group,d,page_size,tile", [
     (3, 3, 64, 128, 32), (3, 3, 64, 32, 5), (2, 4, 128, 64, 32), (1, 1, 64, 32, 1), (4, 2, 128, 128, 7)])
-def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile):
+def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile, isa):
     gen = torch.Generator().manual_seed(kv_heads * 100 + d + tile)
     num_keys = 5 * page_size + 3
     # Singles, runs, page boundaries, the first and the last key.
@@ -45,7 +48,7 @@ def test_matches_dense_causal_reference(kv_heads, group, d, page_size, tile):
     v = torch.randn(num_keys, kv_heads, d, generator=gen)
     pages, table = paged(k, v, page_size)
     scale = 1 / math.sqrt(d)
-    got = paged_causal_attention(q, q_pos, pages, table, scale, tile=tile)
+    got = paged_causal_attention(q, q_pos, pages, table, scale, tile=tile, isa=isa)
     want = causal_attention_reference(q, k, v, q_pos, torch.arange(num_keys), scale)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     plan = TilePlan.build(q_pos, group)
@@ -71,7 +74,8 @@ def vllm_pages(op, k, v, page_size, isa, spare=3, seed=0):
 @pytest.mark.parametrize("dtype,isa,page_format", [(torch.float32, "vec", "vec"), (torch.bfloat16, "vec", "vec"),
                                                    (torch.bfloat16, "amx", "amx")], ids=["f32", "bf16", "bf16-amx"])
 @pytest.mark.parametrize("kv_heads,group,d,page_size", [(3, 3, 64, 32), (2, 2, 128, 64)])
-def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_heads, group, d, page_size):
+@pytest.mark.parametrize("kernel", NATIVE_ISAS or [None])
+def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_heads, group, d, page_size, kernel):
     """Pages written by vLLM's op in each format the kernel reads: float32 or bfloat16 in the vec
     layout, and bfloat16 in AMX's VNNI tiles (written by the reference tiling where this CPU's
     vLLM build cannot pack them; see tests/cpu_probes.py). The reference computes in float32 on
@@ -86,27 +90,28 @@ def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_head
     pages, table = vllm_pages(cache_write, k, v, page_size, isa)
     scale = 1 / math.sqrt(d)
     assert native_supported(dtype, d, page_size, page_format=page_format)
-    got = paged_causal_attention(q, q_pos, pages, table, scale, page_format=page_format)
+    got = paged_causal_attention(q, q_pos, pages, table, scale, page_format=page_format, isa=kernel)
     want = causal_attention_reference(q, k.float(), v.float(), q_pos, torch.arange(num_keys), scale)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     # Queries in the model's dtype come back in it.
-    got16 = paged_causal_attention(q.to(dtype), q_pos, pages, table, scale, page_format=page_format)
+    got16 = paged_causal_attention(q.to(dtype), q_pos, pages, table, scale, page_format=page_format, isa=kernel)
     assert got16.dtype == dtype
     want16 = causal_attention_reference(q.to(dtype).float(), k.float(), v.float(), q_pos, torch.arange(num_keys), scale)
     torch.testing.assert_close(got16, want16.to(dtype), rtol=1e-2, atol=1e-2)
 
 
-def test_keys_after_each_query_are_never_read():
+@isas
+def test_keys_after_each_query_are_never_read(isa):
     gen = torch.Generator().manual_seed(1)
     k, v = torch.randn(200, 2, 64, generator=gen), torch.randn(200, 2, 64, generator=gen)
     q_pos = torch.tensor([3, 4, 70, 150])
     q = torch.randn(4, 6, 64, generator=gen)
     pages, table = paged(k, v, 32)
-    before = paged_causal_attention(q, q_pos, pages, table, 0.125)
+    before = paged_causal_attention(q, q_pos, pages, table, 0.125, isa=isa)
     later = k.clone(), v.clone()
     later[0][71:], later[1][71:] = 1e4, -1e4  # keys after the third query
     pages2, table2 = paged(*later, 32)
-    after = paged_causal_attention(q, q_pos, pages2, table2, 0.125)
+    after = paged_causal_attention(q, q_pos, pages2, table2, 0.125, isa=isa)
     torch.testing.assert_close(after[:3], before[:3])
     assert not torch.allclose(after[3], before[3])
     # Slots past the last query (unwritten cache) may hold anything, NaN included.
@@ -116,18 +121,19 @@ def test_keys_after_each_query_are_never_read():
     kt[page, :, :, slot:] = float("nan")
     vv[page, :, slot:] = float("nan")
     halves[table[-2:]] = float("nan")
-    torch.testing.assert_close(paged_causal_attention(q, q_pos, pages, table, 0.125), before)
+    torch.testing.assert_close(paged_causal_attention(q, q_pos, pages, table, 0.125, isa=isa), before)
 
 
+@isas
 @pytest.mark.parametrize("seed", range(4))
-def test_large_scores_stay_finite(seed):
+def test_large_scores_stay_finite(seed, isa):
     gen = torch.Generator().manual_seed(seed)
     k = torch.randn(300, 1, 64, generator=gen)
     q = torch.randn(2, 1, 64, generator=gen) * 200  # scores in the thousands: online softmax must rescale
     q_pos = torch.tensor([150, 299])
     v = torch.randn(300, 1, 64, generator=gen)
     pages, table = paged(k, v, 32)
-    got = paged_causal_attention(q, q_pos, pages, table, 1.0)
+    got = paged_causal_attention(q, q_pos, pages, table, 1.0, isa=isa)
     want = causal_attention_reference(q, k, v, q_pos, torch.arange(300), 1.0)
     assert torch.isfinite(got).all()
     # float32 scores of ~4,000 carry rounding of ~4e-4 (summation order differs from the
@@ -151,6 +157,8 @@ def test_rejects_bad_input():
         paged_causal_attention(torch.randn(2, 1, 48), torch.tensor([5, 6]), pages, table, 1.0)
     with pytest.raises(RuntimeError, match="unavailable"):
         paged_causal_attention(q, torch.tensor([5, 6]), pages.half(), table, 1.0)
+    with pytest.raises(ValueError, match="isa must be one of"):
+        paged_causal_attention(q, torch.tensor([5, 6]), pages, table, 1.0, isa="sse2")
     with pytest.raises(RuntimeError, match="unavailable"):  # AMX tiles exist for bfloat16 only
         paged_causal_attention(q, torch.tensor([5, 6]), pages, table, 1.0, page_format="amx")
     assert not native_supported(torch.float16, 64, 32) and not native_supported(torch.float32, 80, 32)

@@ -103,7 +103,7 @@ def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, 
         # The check vLLM itself makes before it picks ISA "amx" (cpu_attn._get_attn_isa).
         pytest.skip("vLLM's AMX attention kernel: torch reports no AMX tile support on this CPU")
     if native and not sa.native_supported(dtype, D, BS, page_format=isa or "vec"):
-        pytest.skip("native paged attention needs the built extension and AVX-512F")
+        pytest.skip("native paged attention needs the built extension and AVX-512F or AVX2")
     if not native:
         monkeypatch.setattr(sa, "native_supported", lambda *args: False)
     monkeypatch.setattr(sa, "MIN_KERNEL_RUN", min_kernel_run)

@@ -10,9 +10,10 @@ than vLLM's CPU kernel on the runs. Long runs stay with the kernel (see sparse_a
 
 `paged_causal_attention` is the same computation in C++ (csrc/paged_attention.cpp): it reads K/V
 pages in place and keeps each page's scores in cache with an online softmax, instead of four
-elementwise passes over a score buffer of tile x sequence. It needs AVX-512F and float32 or
-bfloat16 pages (vLLM's vec layout, or for bfloat16 its AMX tiles), computing in float32; the torch
-path here is the fallback and the reference.
+elementwise passes over a score buffer of tile x sequence. It needs AVX-512F or AVX2 + FMA (its
+two variants; `NATIVE_ISAS` lists those this CPU runs, best first) and float32 or bfloat16 pages
+(vLLM's vec layout, or for bfloat16 its AMX tiles), computing in float32; the torch path here is
+the fallback and the reference.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def tiled_causal_attention(
     return out.view(hk, n, g, d).transpose(0, 1).reshape(n, hq, d).to(q.dtype)
 
 
+# The native kernel's variants this CPU runs, best first: "avx512", "avx2".
+NATIVE_ISAS = () if _native is None else tuple(
+    name for code in _native.isas() for name, value in (("avx512", _native.AVX512), ("avx2", _native.AVX2))
+    if code == value)
+
 # Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
 PAGE_FORMATS = {} if _native is None else {
     (torch.float32, "vec"): _native.F32, (torch.bfloat16, "vec"): _native.BF16, (torch.bfloat16, "amx"): _native.BF16_AMX}
@@ -115,14 +121,15 @@ PAGE_FORMATS = {} if _native is None else {
 
 def native_supported(dtype: torch.dtype, head_dim: int, page_size: int, device: torch.device | str = "cpu",
                      page_format: str = "vec") -> bool:
-    """Whether `paged_causal_attention` can run: built, CPU with AVX-512F, D 64/128, pages of
+    """Whether `paged_causal_attention` can run: built, CPU with AVX-512F or AVX2, D 64/128, pages of
     ``dtype`` in ``page_format`` ("vec": vLLM's vec/vec16 layout; "amx": its AMX tiles)."""
     return (_native is not None and torch.device(device).type == "cpu" and (dtype, page_format) in PAGE_FORMATS
             and bool(_native.supports(head_dim, page_size)))
 
 
 def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tensor, page_table: torch.Tensor,
-                           scale: float, tile: int | None = None, page_format: str = "vec") -> torch.Tensor:
+                           scale: float, tile: int | None = None, page_format: str = "vec",
+                           isa: str | None = None) -> torch.Tensor:
     """Query ``i`` attends to keys ``0 .. q_pos[i]`` of one sequence, read from its pages in place.
 
     ``q``: ``[n, Hq, D]``; ``q_pos``: ``[n]`` non-decreasing; ``pages``: ``[num_pages, Hk,
@@ -130,7 +137,7 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     bfloat16) each (page, head) holds K transposed ``[D, P]`` then V ``[P, D]``; with ``"amx"``
     (bfloat16) K then V in VNNI tiles (see csrc/paged_attention.cpp). ``page_table``: the
     sequence's page ids in key order. GQA as in ``tiled_causal_attention``. Computes in float32;
-    returns ``[n, Hq, D]`` in ``q``'s dtype.
+    returns ``[n, Hq, D]`` in ``q``'s dtype. ``isa``: one of `NATIVE_ISAS` (default: the first).
     """
     if q.dim() != 3 or pages.dim() != 3:
         raise ValueError(f"q must be [n, Hq, D] and pages [num_pages, Hk, 2*P*D]; got {tuple(q.shape)}, "
@@ -145,6 +152,8 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
                            f"head_dim {d}, page size {page_size} (see native_supported)")
     if not pages.is_contiguous():
         raise ValueError("pages must be contiguous")
+    if isa is not None and isa not in NATIVE_ISAS:
+        raise ValueError(f"isa must be one of {NATIVE_ISAS} on this CPU, got {isa!r}")
     q32 = q.to(torch.float32).contiguous()
     pos = q_pos.to(torch.long).contiguous()
     table = page_table.to(torch.long).contiguous()
@@ -164,7 +173,8 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     _native.paged_causal_attention(
         q32.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), PAGE_FORMATS[(pages.dtype, page_format)],
         pages.stride(0), pages.stride(1), table.data_ptr(), needed, hk, hq // hk, d, page_size, float(scale),
-        out.data_ptr(), DEFAULT_TILE if tile is None else tile, torch.get_num_threads(), _helper_cpus())
+        out.data_ptr(), DEFAULT_TILE if tile is None else tile, torch.get_num_threads(), _helper_cpus(),
+        0 if isa is None else getattr(_native, isa.upper()))
     return out.to(q.dtype)
 
 

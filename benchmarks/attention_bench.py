@@ -1,0 +1,93 @@
+"""Blend's attention of scattered rows over one long sequence: the torch path against each
+variant of the native kernel this CPU runs (csrc/paged_attention.cpp).
+
+The geometry is SmolLM2-135M's (9 query heads, 3 KV heads, head size 64) over a ~6k-token prompt
+in vLLM's float32 CPU pages; the rows are those one Blend layer sends to this path on a RAG
+prompt: the recomputed share of the loaded tokens, scattered (runs of 16 rows or more, such as
+misses and the question, go to vLLM's own kernel). Both paths read the pages: the torch one
+gathers K/V out of them first, as sparse_attention.py does.
+
+    python benchmarks/attention_bench.py --out /tmp/attention_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ucm.argparse_help import HelpFormatter
+from ucm.sparse.blend.tiled_attention import NATIVE_ISAS, TilePlan, paged_causal_attention, tiled_causal_attention
+
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "attention_bench.json"  # results to keep: --out benchmarks/results/...
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--keys", type=int, default=6144, help="prompt length")
+    p.add_argument("--recomputed", type=float, default=0.15, help="share of the loaded tokens recomputed")
+    p.add_argument("--misses", type=float, default=0.25, help="share of the prompt without loaded KV (runs)")
+    p.add_argument("--page-size", type=int, default=128, help="vLLM's CPU block size")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls per path (best is reported)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON")
+    return p.parse_args(argv)
+
+
+def rows(keys: int, recomputed: float, misses: float, gen: torch.Generator) -> torch.Tensor:
+    """Sorted positions of the recomputed share of the loaded tokens (those outside 8 runs of
+    misses and the 64-token question)."""
+    run = int(keys * misses / 8)
+    missed = torch.zeros(keys, dtype=torch.bool)
+    for s in torch.randperm(keys - run - 64, generator=gen)[:8].tolist():
+        missed[s:s + run] = True
+    missed[-64:] = True
+    loaded = torch.nonzero(~missed).flatten()
+    return torch.sort(loaded[torch.randperm(loaded.numel(), generator=gen)[:int(recomputed * loaded.numel())]]).values
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    hk, group, d, ps = 3, 3, 64, args.page_size
+    gen = torch.Generator().manual_seed(0)
+    num_pages = math.ceil(args.keys / ps)
+    pages = torch.randn(num_pages + 4, hk, 2 * ps * d, generator=gen)
+    table = torch.randperm(num_pages + 4, generator=gen)[:num_pages]
+    pos = rows(args.keys, args.recomputed, args.misses, gen)
+    q = torch.randn(pos.numel(), hk * group, d, generator=gen)
+    scale = 1 / math.sqrt(d)
+
+    def torch_path():
+        halves = pages[table].view(num_pages, hk, 2, ps * d)
+        k_t = halves[:, :, 0].view(num_pages, hk, d, ps).permute(1, 2, 0, 3).reshape(hk, d, num_pages * ps)
+        v = halves[:, :, 1].reshape(num_pages, hk, ps, d).transpose(0, 1).reshape(hk, num_pages * ps, d)
+        return tiled_causal_attention(q, k_t.contiguous(), v, TilePlan.build(pos, group), scale)
+
+    paths = {"torch": torch_path}
+    for isa in NATIVE_ISAS:
+        paths[isa] = lambda isa=isa: paged_causal_attention(q, pos, pages, table, scale, isa=isa)
+    reference = torch_path()
+    result = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+              "keys": args.keys, "rows": pos.numel(), "page_size": ps, "seconds": {}, "max_abs_diff": {}}
+    for name, fn in paths.items():
+        fn()  # warm-up
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - start)
+        result["seconds"][name] = min(times)
+        result["max_abs_diff"][name] = float((out - reference).abs().max())
+        print(f"{name:>7}: {min(times) * 1e3:8.1f} ms per layer ({pos.numel()} rows over {args.keys} keys), "
+              f"{result['seconds']['torch'] / min(times):.2f}x the torch path")
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

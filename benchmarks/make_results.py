@@ -178,9 +178,14 @@ SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchma
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
-    ("rag_traffic_zipf48_c4_probe_kv.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no "
-     "indexing, 48 requests at concurrency 4, after the probe's rows kept their KV (a CPU without AVX-512, about 2.7x "
-     "slower than the one of the next sections: compare ratios, not seconds)",
+    ("rag_traffic_zipf48_c4_avx2.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no "
+     "indexing, 48 requests at concurrency 4, with the native attention kernel's AVX2 variant (Blend only; plain "
+     "vLLM's rows from the next section's run, same host and session)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_avx2.json", "rag_traffic_zipf48_c4_probe_kv.json"),
+    ("rag_traffic_zipf48_c4_probe_kv.json", "The same stream after the probe's rows kept their KV, before the AVX2 "
+     "kernel (Blend's scattered rows on the torch path; a CPU without AVX-512, about 2.7x slower than the one of the "
+     "next sections: compare ratios, not seconds)",
      "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 "
      "--out benchmarks/results/rag_traffic_zipf48_c4_probe_kv.json", None),
     ("rag_traffic_zipf48_c2.json", "Before the probe's rows kept their KV: the same stream, "
@@ -240,7 +245,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_probe_kv.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_avx2.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ucm.argparse_help import HelpFormatter
+from ucm.integration.vllm.connector.kv_layout import CpuKVLayout
 from ucm.sparse.blend.tiled_attention import NATIVE_ISAS, TilePlan, paged_causal_attention, tiled_causal_attention
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "attention_bench.json"  # results to keep: --out benchmarks/results/...
@@ -56,21 +57,20 @@ def main(argv=None) -> dict:
     hk, group, d, ps = 3, 3, 64, args.page_size
     gen = torch.Generator().manual_seed(0)
     num_pages = math.ceil(args.keys / ps)
-    pages = torch.randn(num_pages + 4, hk, 2 * ps * d, generator=gen)
+    cache = torch.randn(num_pages + 4, hk, ps, 2 * d, generator=gen)  # vLLM's CPU cache, float32 "vec" pages
+    layout = CpuKVLayout(ps, hk, d, isa="vec")
     table = torch.randperm(num_pages + 4, generator=gen)[:num_pages]
     pos = rows(args.keys, args.recomputed, args.misses, gen)
     q = torch.randn(pos.numel(), hk * group, d, generator=gen)
     scale = 1 / math.sqrt(d)
 
-    def torch_path():
-        halves = pages[table].view(num_pages, hk, 2, ps * d)
-        k_t = halves[:, :, 0].view(num_pages, hk, d, ps).permute(1, 2, 0, 3).reshape(hk, d, num_pages * ps)
-        v = halves[:, :, 1].reshape(num_pages, hk, ps, d).transpose(0, 1).reshape(hk, num_pages * ps, d)
-        return tiled_causal_attention(q, k_t.contiguous(), v, TilePlan.build(pos, group), scale)
+    def torch_path():  # as sparse_attention.py runs it: gather the pages, then the tiles
+        k_t, v = layout.gather_pages_head_major(cache, table)
+        return tiled_causal_attention(q, k_t, v, TilePlan.build(pos, group), scale)
 
     paths = {"torch": torch_path}
     for isa in NATIVE_ISAS:
-        paths[isa] = lambda isa=isa: paged_causal_attention(q, pos, pages, table, scale, isa=isa)
+        paths[isa] = lambda isa=isa: paged_causal_attention(q, pos, layout.pages(cache), table, scale, isa=isa)
     reference = torch_path()
     result = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
               "keys": args.keys, "rows": pos.numel(), "page_size": ps, "seconds": {}, "max_abs_diff": {}}

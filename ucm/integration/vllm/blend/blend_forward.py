@@ -7,8 +7,9 @@ those layers first run only on the rows without loaded KV: the rows after the re
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
 gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
 top candidates by that attention, which then run the layers before the check layer too
-(query_probe.py); the probed rows keep the KV the probe wrote, only the question runs again. The diagnostic "oracle" first runs the batch as full prefill and ranks by the
-question's attention there times each token's V error, then restores the loaded KV. Full reuse
+(query_probe.py); the probed rows keep the KV the probe wrote, only the question runs again.
+The diagnostic "oracle" first runs the batch as full prefill and ranks by the question's
+attention there times each token's V error, then restores the loaded KV. Full reuse
 (ratio 0) runs those layers on the uncached rows only. The selected tokens, every token whose KV
 was not loaded (cache misses, the suffix, tokens of other requests) and each request's last token
 go on through the check layer and the remaining layers; the others keep their loaded KV. Attention of the computed tokens is exactly causal over the request's whole
@@ -132,12 +133,12 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     # The probe's rows keep the KV it wrote, except the question's and vLLM's scheduled rows, which
     # run again over the recomputed KV: running the misses twice cost a blended request on a RAG
     # stream about as much as its misses (docs/research.md, "The probe's second pass").
-    again = queries | last
-    if batch.scheduled is None:
-        again |= probe_rows
+    kept = probe_rows & ~(queries | last)
+    if batch.scheduled is None:  # every row is vLLM's
+        kept[:] = False
     else:
-        again[batch.scheduled] = True
-    compute = (~loaded & ~probe_rows) | (probe_rows & again) | hkvd | last
+        kept[batch.scheduled] = False
+    compute = (~loaded & ~kept) | hkvd | last
     _count_rows(step, compute | probe_rows, batch.scheduled)
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.

@@ -344,7 +344,11 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
             "run (the same requests on plain).")
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
-    return [head, "", *lines, "", *gains, *instances_table(data)]
+    alone = [f"High-hit requests sent again alone after the {run['server']} run at {run['load']}: "
+             f"{s['alone_requests']}, TTFT p50 {s['alone_ttft_p50_s']:.2f} s alone and {s['alone_stream_ttft_p50_s']:.2f} s "
+             f"in the stream; stream / alone, median over them: {s['high_hit_vs_alone']:.2f}x."
+             for run in data["runs"] if (s := run["summary"]).get("alone_requests")]
+    return [head, "", *lines, "", *gains, *alone, *instances_table(data)]
 
 
 def same_answers(data: dict, load: str) -> str:

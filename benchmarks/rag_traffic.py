@@ -20,6 +20,13 @@ the same requests on plain), requests/s, wall time, store bytes written and read
 store's size at the end and the blocks dumped but not in it (evicted, refused, or dumped twice at
 once); JSON as it goes, a PNG of TTFT over time, and Blend's speed-up over plain.
 
+--alone N: after each Blend run, up to N of its high-hit requests (evenly spread over the stream)
+are sent again one at a time to the idle server, same tenant, and their TTFT alone is set against
+their TTFT in the stream (the run's `alone` records; summary `high_hit_vs_alone`: the median of
+stream / alone over those requests). Alone, a request finds at least the chunks it found in the
+stream (the store only grew; vLLM's prefix cache may hold its exact prefix, as in the stream) and
+nothing else runs: what the stream added is waiting and sharing steps.
+
 --instances N (two instances, one store): each server is N `ucm-vllm serve` instances, each on its
 own port; Blend's all use the same store directory, plain's each keep their own prefix cache. The
 stream goes round robin from the one client at the same load: request k to instance k % N (--index
@@ -89,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--index", action="store_true", help="send every passage of the stream alone first (untimed)")
     p.add_argument("--servers", type=_list(str), default=",".join(SERVERS), help="comma-separated: plain, blend")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
+    p.add_argument("--alone", type=int, default=8, metavar="N",
+                   help="after each Blend run, send up to N of its high-hit requests again one at a time (0: none)")
     p.add_argument("--seed", type=int, default=0, help="of the stream and the arrival times")
     p.add_argument("--blend-config", default="{}",
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
@@ -300,6 +309,28 @@ def hit_rate(records) -> float | None:
     return sum(r["chunk_hit_blocks"] for r in records) / blocks if blocks else None
 
 
+def alone_picks(records, n: int) -> list[int]:
+    """Up to n high-hit requests of a run, evenly spread over the stream (by request index)."""
+    high = sorted(high_hit_requests(records))
+    if n <= 0 or not high:
+        return []
+    step = max(1, len(high) / n)
+    return sorted({high[min(len(high) - 1, int(k * step))] for k in range(min(n, len(high)))})
+
+
+def alone_summary(records, alone) -> dict:
+    """The high-hit requests sent again alone: their TTFT p50 alone and in the stream, and the
+    median over them of stream TTFT / alone TTFT (the issue's target: within 2x)."""
+    if not alone:
+        return {}
+    stream = {r["i"]: r["ttft_s"] for r in records}
+    pairs = [(stream[a["i"]], a["ttft_s"]) for a in alone if a["i"] in stream and a["ttft_s"] > 0]
+    return {"alone_requests": len(pairs),
+            "alone_ttft_p50_s": percentile([b for _, b in pairs], 0.5) if pairs else None,
+            "alone_stream_ttft_p50_s": percentile([a for a, _ in pairs], 0.5) if pairs else None,
+            "high_hit_vs_alone": percentile([a / b for a, b in pairs], 0.5) if pairs else None}
+
+
 def instance_summary(records, instances: int) -> dict:
     """Per instance: chunk hit rate and vLLM's cached share; the passages first seen elsewhere (see
     passages_first_seen_elsewhere) and the chunk hit rate of the requests with some, and of the rest."""
@@ -337,6 +368,7 @@ def finish(results: dict) -> None:
         run["summary"].update(summarize(run["records"], run["wall_s"],
                                         high_hit_requests(blend["records"]) if blend else None,
                                         results["config"].get("instances", 1)))
+        run["summary"].update(alone_summary(run["records"], run.get("alone")))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
                                  "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
                           for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
@@ -360,6 +392,12 @@ def print_table(results: dict) -> None:
               f"{s['blended_share']:.0%} | {sum(s.get('fallbacks', {}).values())} | {mb} |")
     for load, x in results["speedup"].items():
         print(f"blend over plain at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50")
+    for run in results["runs"]:
+        s = run["summary"]
+        if s.get("alone_requests"):
+            print(f"{run['server']} {run['load']}: {s['alone_requests']} high-hit requests sent again alone: TTFT p50 "
+                  f"{s['alone_ttft_p50_s']:.2f} s alone, {s['alone_stream_ttft_p50_s']:.2f} s in the stream; "
+                  f"stream / alone median {s['high_hit_vs_alone']:.2f}x")
     for run in results["runs"]:
         s = run["summary"]
         if s.get("instances", 1) > 1:
@@ -441,6 +479,12 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
             run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level, args.seed,
                                              on_record)
             run["summary"] = store_summary(before, sum_counters(urls), store)
+            if blend and args.alone:  # after the run's counters: these requests are not part of it
+                run["alone"] = []
+                for i in alone_picks(run["records"], args.alone):
+                    rec = await send(clients[routes[i]], model, prompts[i], salt, blend, args.max_tokens)
+                    run["alone"].append({"i": i, **rec})
+                    out.write_text(json.dumps(results, indent=1))
             finish(results)
             s = run["summary"]
             print(f"{server} {load}: {s['requests_per_s']:.3f} req/s, TTFT p50 {s['ttft_p50_s']:.2f} s, "

@@ -1,7 +1,8 @@
 """End-to-end tests start real vLLM engines (about 40 s each on 2 cores): all marked slow.
 
 Engines are session-scoped and shared: one plain engine (the reference: full prefill, vLLM's
-own prefix cache) and one engine with the UCM connector and Blend on a shared store directory.
+own prefix cache), one engine with the UCM connector and Blend on a shared store directory, and,
+for the store audits, a reference engine whose connector stores into a scratch directory.
 """
 
 import sys
@@ -59,5 +60,26 @@ def blend_llm(model_dir, store_dir):
     # Stats logging on: the connector's counters reach LLM.get_metrics() (test_statistics_counters...).
     llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15),
                    disable_log_stats=False)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def audit_reference(model_dir, tmp_path_factory):
+    """The store audit's reference engine (full prefill, prefix offload into a scratch directory):
+    started once for every audit. A small KV cache: it runs beside the session's other engines."""
+    import os
+
+    from ucm.integration.vllm.llm import make_llm
+
+    before = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    try:
+        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(tmp_path_factory.mktemp("audit-scratch")))
+    finally:
+        if before is None:
+            del os.environ["VLLM_CPU_KVCACHE_SPACE"]
+        else:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = before
     yield llm
     shutdown(llm)

@@ -1,7 +1,7 @@
 """The store audit recomputes stored EXACT blocks and finds a wrong one by its key.
 
 One writer (Blend, so the store also holds chunk blocks and a blended prompt whose later blocks
-are not stored), one reference engine for the function, and the CLI once (its own engine).
+are not stored), the session's reference engine for the function, and the CLI once (its own engine).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _payloads(store, keys) -> list[torch.Tensor]:
     return [b.view(torch.float32) for b in bufs]
 
 
-def test_audit_finds_and_removes_a_wrong_block(engine_factory, model_dir, tmp_path):
+def test_audit_finds_and_removes_a_wrong_block(engine_factory, audit_reference, model_dir, tmp_path):
     store_dir = tmp_path / "store"
     writer = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15))
     (first0, reordered0), (first1, _) = prompts(writer, seed=511), prompts(writer, seed=512)
@@ -56,7 +56,7 @@ def test_audit_finds_and_removes_a_wrong_block(engine_factory, model_dir, tmp_pa
     shutdown(writer)
     assert wait_until_stable(store_dir) > 0
 
-    ref = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
+    ref = audit_reference
     clean = audit_store(store_dir, ref, audited)
     atol, rtol = tolerances("float32")
     assert (clean.prompts, clean.bad, clean.atol, clean.rtol) == (5, [], atol, rtol)

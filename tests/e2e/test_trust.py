@@ -86,8 +86,9 @@ def answers_fall_back_to_full_prefill(llm, plain_llm, batch) -> dict[str, float]
     return counts
 
 
-def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, model_dir, tmp_path, monkeypatch):
-    # Two engines beside the session's two (whose KV caches take 4 GiB each): small KV caches.
+def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm, audit_reference, model_dir, tmp_path,
+                                                      monkeypatch):
+    # An engine beside the session's (whose KV caches take 4 GiB each): a small KV cache.
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
     llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
@@ -114,8 +115,7 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     llm.generate([{"prompt_token_ids": p} for p in batch], params(), use_tqdm=False)
     assert wait_until_stable(store) > 0
     shutdown(llm)
-    reference = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path / "scratch"))
-    report = audit_store(store, reference, [{"prompt_token_ids": p} for p in batch])
+    report = audit_store(store, audit_reference, [{"prompt_token_ids": p} for p in batch])
     assert report.compared > 0 and report.bad == [], report
 
 

@@ -114,10 +114,26 @@ def test_high_hit_requests_and_summary(rt):
     assert rt.summarize(records, 2.0, None)["high_hit_ttft_p50_s"] is None
 
 
+def test_alone_picks_spread_over_the_high_hit_requests(rt):
+    records = [{"i": i, "chunk_blocks": 10, "chunk_hit_blocks": 9 if i % 2 else 1} for i in range(20)]
+    assert rt.alone_picks(records, 3) == [1, 7, 13]
+    assert rt.alone_picks(records, 50) == list(range(1, 20, 2))
+    assert rt.alone_picks(records, 0) == [] and rt.alone_picks(records[:1], 4) == []
+
+
+def test_alone_summary_sets_stream_against_alone(rt):
+    records = [{"i": i, "ttft_s": t} for i, t in enumerate([8.0, 3.0, 6.0, 9.0])]
+    alone = [{"i": 0, "ttft_s": 2.0}, {"i": 2, "ttft_s": 3.0}, {"i": 3, "ttft_s": 3.0}]
+    s = rt.alone_summary(records, alone)
+    assert s["alone_requests"] == 3 and s["alone_ttft_p50_s"] == 3.0 and s["alone_stream_ttft_p50_s"] == 8.0
+    assert s["high_hit_vs_alone"] == 3.0  # ratios 4, 2, 3
+    assert rt.alone_summary(records, None) == {} and rt.alone_summary(records, []) == {}
+
+
 def test_argument_defaults(rt):
     args = rt.parse_args([])
     assert (args.questions, args.zipf, args.noise, args.concurrency, args.rates) == (50, 1.1, 2, [2], None)
-    assert args.servers == ["plain", "blend"] and args.max_tokens == 8 and args.instances == 1
+    assert args.servers == ["plain", "blend"] and args.max_tokens == 8 and args.instances == 1 and args.alone == 8
     assert not args.fresh and not args.index and args.capacity_gb is None
     assert Path(args.out).parent != BENCHMARKS / "results"  # a scratch path unless --out says otherwise
     args = rt.parse_args(["--concurrency", "1,4", "--rates", "0.5,1", "--servers", "blend", "--capacity-gb", "2"])

@@ -178,6 +178,11 @@ SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchma
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_alone.json", "The same stream, Blend rerun a session later with high-hit requests sent "
+     "again alone after it (--alone 8; plain vLLM's rows from the previous session's run on the same kind of host: "
+     "compare with care)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_alone.json", "rag_traffic_zipf48_c4_probe_kv.json"),
     ("rag_traffic_zipf48_c4_avx2.json", "RAG stream: Zipf(1.1) over 50 MuSiQue questions, 2 noise passages, no "
      "indexing, 48 requests at concurrency 4, with the native attention kernel's AVX2 variant (Blend only; plain "
      "vLLM's rows from the next section's run, same host and session)",
@@ -346,7 +351,9 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
     alone = [f"High-hit requests sent again alone after the {run['server']} run at {run['load']}: "
              f"{s['alone_requests']}, TTFT p50 {s['alone_ttft_p50_s']:.2f} s alone and {s['alone_stream_ttft_p50_s']:.2f} s "
-             f"in the stream; stream / alone, median over them: {s['high_hit_vs_alone']:.2f}x."
+             f"in the stream; stream / alone, median over them: {s['high_hit_vs_alone']:.2f}x (chunk blocks hit: "
+             f"{s['alone_chunk_hit_rate']:.0%} alone, {s['alone_stream_chunk_hit_rate']:.0%} in the stream: alone they also "
+             "find what they stored themselves)."
              for run in data["runs"] if (s := run["summary"]).get("alone_requests")]
     return [head, "", *lines, "", *gains, *alone, *instances_table(data)]
 

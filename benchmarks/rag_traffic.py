@@ -24,8 +24,10 @@ once); JSON as it goes, a PNG of TTFT over time, and Blend's speed-up over plain
 are sent again one at a time to the idle server, same tenant, and their TTFT alone is set against
 their TTFT in the stream (the run's `alone` records; summary `high_hit_vs_alone`: the median of
 stream / alone over those requests). Alone, a request finds at least the chunks it found in the
-stream (the store only grew; vLLM's prefix cache may hold its exact prefix, as in the stream) and
-nothing else runs: what the stream added is waiting and sharing steps.
+stream (the store only grew, by its own misses too: the summary gives both hit rates, and the
+ratio overstates the stream's cost by what those misses cost alone; vLLM's prefix cache may hold
+its exact prefix, as in the stream) and nothing else runs: what the stream added is waiting and
+sharing steps.
 
 --instances N (two instances, one store): each server is N `ucm-vllm serve` instances, each on its
 own port; Blend's all use the same store directory, plain's each keep their own prefix cache. The
@@ -323,9 +325,12 @@ def alone_summary(records, alone) -> dict:
     median over them of stream TTFT / alone TTFT (the issue's target: within 2x)."""
     if not alone:
         return {}
-    stream = {r["i"]: r["ttft_s"] for r in records}
-    pairs = [(stream[a["i"]], a["ttft_s"]) for a in alone if a["i"] in stream and a["ttft_s"] > 0]
+    stream = {r["i"]: r for r in records}
+    again = [a for a in alone if a["i"] in stream and a["ttft_s"] > 0]
+    pairs = [(stream[a["i"]]["ttft_s"], a["ttft_s"]) for a in again]
     return {"alone_requests": len(pairs),
+            # alone, a request also finds the chunks it stored itself in the stream: fewer misses
+            "alone_chunk_hit_rate": hit_rate(again), "alone_stream_chunk_hit_rate": hit_rate([stream[a["i"]] for a in again]),
             "alone_ttft_p50_s": percentile([b for _, b in pairs], 0.5) if pairs else None,
             "alone_stream_ttft_p50_s": percentile([a for a, _ in pairs], 0.5) if pairs else None,
             "high_hit_vs_alone": percentile([a / b for a, b in pairs], 0.5) if pairs else None}

@@ -122,9 +122,11 @@ def test_alone_picks_spread_over_the_high_hit_requests(rt):
 
 
 def test_alone_summary_sets_stream_against_alone(rt):
-    records = [{"i": i, "ttft_s": t} for i, t in enumerate([8.0, 3.0, 6.0, 9.0])]
+    records = [{"i": i, "ttft_s": t, "chunk_blocks": 10, "chunk_hit_blocks": 8} for i, t in enumerate([8.0, 3.0, 6.0, 9.0])]
     alone = [{"i": 0, "ttft_s": 2.0}, {"i": 2, "ttft_s": 3.0}, {"i": 3, "ttft_s": 3.0}]
+    alone = [{**a, "chunk_blocks": 10, "chunk_hit_blocks": 10} for a in alone]
     s = rt.alone_summary(records, alone)
+    assert (s["alone_chunk_hit_rate"], s["alone_stream_chunk_hit_rate"]) == (1.0, 0.8)
     assert s["alone_requests"] == 3 and s["alone_ttft_p50_s"] == 3.0 and s["alone_stream_ttft_p50_s"] == 8.0
     assert s["high_hit_vs_alone"] == 3.0  # ratios 4, 2, 3
     assert rt.alone_summary(records, None) == {} and rt.alone_summary(records, []) == {}

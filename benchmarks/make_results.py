@@ -174,10 +174,21 @@ STUDY_RUNS = [
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
+# Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
+SERVE_RERUNS = [
+    ("serve_bench_c4_rerun.json", "Serving under load, concurrency 4 again: after the probe's rows kept their KV and "
+     "with the AVX2 attention kernel, on a host without AVX-512 (slower than the run above: compare ratios)",
+     "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_rerun.json"),
+]
 # RAG request streams against plain vLLM (benchmarks/rag_traffic.py): (file, title, command, file whose plain
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_threshold512.json", "The same, with long prefills held to 512 tokens a step "
+     "(--long-prefill-token-threshold 512 instead of the connector's 1792; same session as the next section)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 "
+     "--serve-args '--long-prefill-token-threshold 512' --out benchmarks/results/rag_traffic_zipf48_c4_threshold512.json",
+     "rag_traffic_zipf48_c4_probe_kv.json"),
     ("rag_traffic_zipf48_c4_alone.json", "The same stream, Blend rerun a session later with high-hit requests sent "
      "again alone after it (--alone 8; plain vLLM's rows from the previous session's run on the same kind of host: "
      "compare with care)",
@@ -313,6 +324,22 @@ def serve_table(data: dict) -> str:
                      f"{off['requests_per_s']:.3f} | {on['requests_per_s'] / off['requests_per_s']:.2f}x | "
                      f"{on.get('same_answers_as_concurrency_1', '-')}/{on['requests']} |")
     return "\n".join(lines)
+
+
+def rerun_answers(data: dict, first: dict | None) -> str:
+    """How many answers of a serve_bench rerun equal the first run's (per mode, at concurrency 1 there)."""
+    if first is None:
+        return ""
+    ref = {r["mode"]: r["answers"] for r in first["phases"] if r["concurrency"] == 1}
+    parts = [f"{r['mode']} at concurrency {r['concurrency']}: {sum(a == b for a, b in zip(r['answers'], ref[r['mode']]))}"
+             f" of {len(r['answers'])} answers equal `{SERVE_RUN[0]}`'s at concurrency 1"
+             for r in data["phases"] if r["mode"] in ref]
+    full = ref.get("full")
+    blend = [r for r in data["phases"] if r["mode"] == "blend"]
+    if full and blend:
+        parts.append(f"Blend's equal full prefill's there: {sum(a == b for a, b in zip(blend[0]['answers'], full))} of "
+                     f"{len(full)} (the same-answers column above compares with this run's own lowest concurrency)")
+    return "; ".join(parts) + "."
 
 
 def hit_threshold_table(data: dict) -> list[str]:
@@ -561,6 +588,10 @@ def results_page() -> str:
                 f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data), ""]
     else:
         out += ["(not run)", ""]
+    first_path = RESULTS / SERVE_RUN[0]
+    first = json.loads(first_path.read_text()) if first_path.is_file() else None
+    for name, title, command in SERVE_RERUNS:
+        out += _section(title, f"`{command}`", name, lambda data: [serve_table(data), "", rerun_answers(data, first)])
     for name, title, command, base in TRAFFIC_RUNS:
         baseline = json.loads((RESULTS / base).read_text()) if base and (RESULTS / base).is_file() else None
         note = f" Plain vLLM's rows: `{base}` (the same stream)." if base else ""

@@ -40,7 +40,8 @@ def _payloads(store, keys) -> list[torch.Tensor]:
     return [b.view(torch.float32) for b in bufs]
 
 
-def test_audit_finds_and_removes_a_wrong_block(engine_factory, audit_reference, model_dir, tmp_path):
+def test_audit_finds_and_removes_a_wrong_block(engine_factory, audit_reference, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # the writer and the CLI's engine beside the session's
     store_dir = tmp_path / "store"
     writer = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15))
     (first0, reordered0), (first1, _) = prompts(writer, seed=511), prompts(writer, seed=512)

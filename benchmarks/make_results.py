@@ -184,6 +184,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_blend_first.json", "The same with BlendFirstScheduler (--scheduler-cls: a step that admits "
+     "a blend request holds running prefills to one block; same session as the next two sections)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --serve-args "
+     "'--scheduler-cls ucm.integration.vllm.connector.blend_first_scheduler.BlendFirstScheduler' "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_blend_first.json", "rag_traffic_zipf48_c4_probe_kv.json"),
     ("rag_traffic_zipf48_c4_threshold512.json", "The same, with long prefills held to 512 tokens a step "
      "(--long-prefill-token-threshold 512 instead of the connector's 1792; same session as the next section)",
      "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 "

@@ -357,6 +357,21 @@ class SchedulerSide:
         self._states[request.request_id] = state
         return state.blend_end - num_computed_tokens if state.blending else state.prefix_external, False
 
+    def plans_blend(self, request: Request) -> bool:
+        """Plans a waiting request before vLLM asks about it and says whether it would blend; the
+        plan is kept for vLLM's question (as a deferred request's is) when vLLM asks with no local
+        prefix hit. For a scheduler that gives a blend request's step to it (BlendFirstScheduler)."""
+        if (self.blend is None or not self.loads or request.request_id in self._states
+                or request.request_id in self._resumed or request.num_computed_tokens > 0):
+            return False
+        held = self._deferred.get(request.request_id)
+        if held is None:
+            state = self._plan(request, 0, None)
+            if state is None:
+                return False  # waits for this engine's dumps
+            held = self._deferred[request.request_id] = (0, state)
+        return held[1].blending
+
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> _RequestState | None:
         """Look the request up (exact prefix, then chunk blocks) and choose its Blend region; None
         when it should wait for dumps of blocks it needs that this engine is still writing."""

@@ -25,6 +25,7 @@ COUNTERS: dict[str, str] = {
     "blend_skipped_multimodal": "Requests with multimodal inputs or prompt embeddings: chunk KV neither looked up nor stored",
     "request_params_refused": "Requests that sent per-request parameters the operator does not allow (ignored)",
     "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
+    "blend_first_steps": "Steps BlendFirstScheduler kept short (running prefills held to one block) to admit a blend request",
     "blend_preemptions": "Blended requests preempted and blended again on readmission (chunk KV reloaded)",
     "blend_fallbacks_preempted": "Preempted blended requests whose chunk KV was gone on readmission (computed in full)",
     "blend_fallbacks_external_trimmed": "Blend requests whose region vLLM cut short (the rest computed in full)",

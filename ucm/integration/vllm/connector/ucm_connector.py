@@ -218,6 +218,10 @@ class UCMConnector(KVConnectorBase_V1):
 
     # ---- scheduler role ------------------------------------------------------------------
 
+    @property
+    def scheduler_side(self) -> SchedulerSide | None:
+        return self._scheduler
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)

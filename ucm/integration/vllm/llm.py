@@ -3,7 +3,8 @@
 On CPU: float32 unless overridden (about 3x faster than bfloat16 on CPUs without native
 bfloat16; with AVX512-BF16 or AMX, bfloat16 is 1.4-3x faster: pass dtype="bfloat16"), a KV cache size in GiB from
 VLLM_CPU_KVCACHE_SPACE (vLLM refuses to start without it on small machines), and eager mode,
-because Blend's token selection is data dependent and cannot live inside a captured graph.
+because Blend's token selection is data dependent and cannot live inside a captured graph. With
+Blend on and no scheduler class given, BlendFirstScheduler (it admits blend requests first).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def engine_kwargs(model: str, **overrides: Any) -> dict[str, Any]:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         kwargs.update(dtype="float32", gpu_memory_utilization=0.5)
     kwargs.update(overrides)
+    from ucm.integration.vllm.connector.blend_first_scheduler import default_scheduler_cls
+
+    scheduler_cls = default_scheduler_cls(kwargs.get("kv_transfer_config"), kwargs.get("scheduler_cls"),
+                                          kwargs.get("async_scheduling"))
+    if scheduler_cls is not None:
+        kwargs["scheduler_cls"] = scheduler_cls
     return kwargs
 
 

@@ -48,6 +48,9 @@ REPORT_KEY = "ucm"
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
+# A plan held for a waiting request (deferred at the step cap, or planned ahead by
+# BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
+HELD_PLAN_SECONDS = 2.0
 # A step stages at most this many loaded tokens per row of its Blend cap (max_step_tokens): at ratio
 # 0.15 a region of loaded chunks alone needs about 1 / 0.15 = 6.7.
 STAGED_PER_ROW = 8
@@ -83,6 +86,7 @@ class _RequestState:
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
+    planned_at: float = field(default_factory=time.monotonic)
 
     @property
     def blending(self) -> bool:
@@ -335,9 +339,10 @@ class SchedulerSide:
         resumed = self._resumed.get(request.request_id)
         if resumed is None and (request.num_computed_tokens > 0 or request.num_tokens > len(tokens)):
             return 0, False  # resumed without a plan of ours: vLLM's own cache handles it
-        held = self._deferred.pop(request.request_id, None)
-        if held is not None and held[0] == num_computed_tokens:
-            state = held[1]  # deferred at the step cap: it keeps its plan (no new lookups)
+        held = self._held_plan(request.request_id, num_computed_tokens)
+        self._deferred.pop(request.request_id, None)
+        if held is not None:
+            state = held  # deferred at the step cap or planned ahead: no new lookups
         else:
             state = self._plan(request, num_computed_tokens, resumed)
             if state is None:
@@ -364,13 +369,19 @@ class SchedulerSide:
         if (self.blend is None or not self.loads or request.request_id in self._states
                 or request.request_id in self._resumed or request.num_computed_tokens > 0):
             return False
-        held = self._deferred.get(request.request_id)
-        if held is None:
+        state = self._held_plan(request.request_id, 0)
+        if state is None:
             state = self._plan(request, 0, None)
             if state is None:
                 return False  # waits for this engine's dumps
-            held = self._deferred[request.request_id] = (0, state)
-        return held[1].blending
+            self._deferred[request.request_id] = (0, state)
+        return state.blending
+
+    def _held_plan(self, req_id: str, num_computed_tokens: int) -> _RequestState | None:
+        held = self._deferred.get(req_id)
+        if held is None or held[0] != num_computed_tokens or time.monotonic() - held[1].planned_at > HELD_PLAN_SECONDS:
+            return None
+        return held[1]
 
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> _RequestState | None:
         """Look the request up (exact prefix, then chunk blocks) and choose its Blend region; None

@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ucm.config import BlendConfig, UCMConfig
+from ucm.integration.vllm.connector.blend_first_scheduler import QUALNAME as BLEND_FIRST, is_blend_first
 from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.model_identity import model_digest
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
@@ -146,6 +147,10 @@ class UCMConnector(KVConnectorBase_V1):
                     logger.info("UCMConnector sets long_prefill_token_threshold=%d (max_num_batched_tokens less "
                                 "1/%d): a long prefill no longer holds back blend requests behind it; "
                                 "--long-prefill-token-threshold overrides it", threshold, HOL_RESERVE_DIVISOR)
+                if not is_blend_first(vllm_config.scheduler_config.scheduler_cls):
+                    logger.info("Blend runs with scheduler %s: blend requests wait behind running prefills; "
+                                "--scheduler-cls %s admits them first (docs/serving.md)",
+                                vllm_config.scheduler_config.scheduler_cls or "vLLM's default", BLEND_FIRST)
         else:
             try:
                 self._worker = WorkerSide(

@@ -184,6 +184,18 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_blend_first_default.json", "BlendFirstScheduler as the default (the first waiting "
+     "request that would blend goes to the head of the queue; other prefills keep one token in its step); same "
+     "session as the next section; plain vLLM's rows from an earlier session on the same kind of host: compare "
+     "the ratios with care",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_blend_first_default.json", "rag_traffic_zipf48_c4_probe_kv.json"),
+    ("rag_traffic_zipf48_c4_blend_first_v1.json", "The first BlendFirstScheduler (opt-in, commit a24163d: only the "
+     "head of the queue, running prefills keep one block), rerun in the session of the section above",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --serve-args "
+     "'--scheduler-cls ucm.integration.vllm.connector.blend_first_scheduler.BlendFirstScheduler' "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_blend_first_v1.json (at commit a24163d)",
+     "rag_traffic_zipf48_c4_probe_kv.json"),
     ("rag_traffic_zipf48_c4_blend_first.json", "The same with BlendFirstScheduler (--scheduler-cls: a step that admits "
      "a blend request holds running prefills to one block; same session as the next two sections)",
      "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --serve-args "

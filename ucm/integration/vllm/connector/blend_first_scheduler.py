@@ -4,11 +4,11 @@ vLLM schedules its running requests before it looks at the waiting queue, and th
 first come, first served: a blend request whose chunks are in the store (about a quarter of a full
 prefill's work) shares its step with `long_prefill_token_threshold` rows of every running prefill
 and waits behind every request that arrived before it. This subclass asks the connector about the
-first BLEND_LOOKAHEAD waiting requests first (each is planned once; vLLM's own question later uses
-that plan). The first that would blend moves to the head of the queue (FCFS policy only), and in
-that step every other prefill, running or waiting, gets at most BLEND_STEP_SHARE tokens: shortest
-job first, one step at a time, at most MAX_SHORT_STEPS_IN_ROW steps in a row. Decodes keep
-their token.
+first BLEND_LOOKAHEAD waiting requests first (vLLM's own question later uses the plan made for
+it, while that is fresh). The first that would blend moves to the head of the queue (FCFS policy
+only), and in that step every other prefill, running or waiting, gets at most BLEND_STEP_SHARE
+tokens: shortest job first, one step at a time, at most MAX_SHORT_STEPS_IN_ROW steps in a row.
+Decodes keep their token.
 
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used
@@ -27,7 +27,8 @@ BLEND_STEP_SHARE = 1
 # Short steps in a row at most: then one step of vLLM's own, so a stream of blend requests
 # cannot starve the prefills it holds back.
 MAX_SHORT_STEPS_IN_ROW = 4
-# Waiting requests asked about per step: each is planned (store lookups) once, on first sight.
+# Waiting requests asked about per step; a request's plan (its store lookups) is kept for
+# scheduler_side.HELD_PLAN_SECONDS and used by vLLM's own question.
 BLEND_LOOKAHEAD = 8
 QUALNAME = f"{__name__}.BlendFirstScheduler"
 

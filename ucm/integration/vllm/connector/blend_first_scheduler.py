@@ -17,6 +17,8 @@ where vLLM would schedule asynchronously (GPUs, by default).
 
 from __future__ import annotations
 
+from itertools import islice
+
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -60,9 +62,10 @@ class BlendFirstScheduler(Scheduler):
         if (side is None or not self.waiting or len(self.running) + len(self.waiting) < 2
                 or len(self.running) >= self.max_num_active_reqs):
             return False  # nothing to hold back, or no room to admit it
-        for i, request in enumerate(self.waiting):
-            if i == BLEND_LOOKAHEAD or (i > 0 and self.policy != SchedulingPolicy.FCFS):
-                return False
+        # Only a FCFS queue is reordered; a priority queue is only asked about its head (and its
+        # iterator copies the whole heap).
+        fcfs = self.policy == SchedulingPolicy.FCFS
+        for i, request in enumerate(islice(self.waiting, BLEND_LOOKAHEAD) if fcfs else [self.waiting.peek_request()]):
             if request.status == RequestStatus.WAITING and side.plans_blend(request):
                 if i > 0:
                     self.waiting.remove_request(request)

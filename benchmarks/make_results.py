@@ -184,6 +184,12 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_step1024.json", "BlendFirstScheduler with half vLLM's step budget "
+     "(--max-num-batched-tokens 1024, Blend's cap kept at 8192 rows); the session after the next section's: "
+     "compare with care",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --serve-args "
+     "'--max-num-batched-tokens 1024' --blend-config '{\"max_step_tokens\": 8192}' "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_step1024.json", "rag_traffic_zipf48_c4_probe_kv.json"),
     ("rag_traffic_zipf48_c4_blend_first_default.json", "BlendFirstScheduler as the default (the first waiting "
      "request that would blend goes to the head of the queue; other prefills keep one token in its step); same "
      "session as the next section; plain vLLM's rows from an earlier session on the same kind of host: compare "

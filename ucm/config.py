@@ -237,6 +237,14 @@ class BlendConfig:
     # reported as fallback "few_hits": with few hits the probe, the loads and one long step of
     # misses cost more than the reuse saves (docs/serving.md).
     min_hit_share: float = MIN_HIT_SHARE_DEFAULT
+    # Compute the chunks a request missed again, alone, while the engine has no request to serve,
+    # so they are stored (BlendFirstScheduler; connector/background_chunks.py). None: on under the
+    # "alone" policy, where nothing else stores a chunk that arrives after other text.
+    background_chunks: bool | None = None
+
+    @property
+    def computes_missed_chunks_alone(self) -> bool:
+        return self.background_chunks if self.background_chunks is not None else self.chunk_store == "alone"
 
     def step_cap(self, step_budget: int) -> int:
         """Rows the Blend forward may run beside vLLM's scheduled ones in one step (docs/serving.md)."""
@@ -253,7 +261,7 @@ class BlendConfig:
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
         _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
-                          "chunk_store", "min_hit_share", "chunk_refs"}, path)
+                          "chunk_store", "min_hit_share", "chunk_refs", "background_chunks"}, path)
         chunk_store = d.get("chunk_store", "any")
         if chunk_store not in CHUNK_STORE_POLICIES:
             raise UCMConfigError(f"{path}.chunk_store must be one of {', '.join(map(repr, CHUNK_STORE_POLICIES))}, "
@@ -267,6 +275,9 @@ class BlendConfig:
         chunk_refs = d.get("chunk_refs", True)
         if not isinstance(chunk_refs, bool):
             raise UCMConfigError(f"{path}.chunk_refs must be true or false (or absent), got {chunk_refs!r}")
+        background_chunks = d.get("background_chunks")
+        if background_chunks is not None and not isinstance(background_chunks, bool):
+            raise UCMConfigError(f"{path}.background_chunks must be true or false (or absent), got {background_chunks!r}")
         allow_oracle = d.get("allow_oracle")
         if allow_oracle is not None and not isinstance(allow_oracle, bool):
             raise UCMConfigError(f"{path}.allow_oracle must be true or false (or absent), got {allow_oracle!r}")
@@ -335,6 +346,7 @@ class BlendConfig:
             chunk_store=chunk_store,
             chunk_refs=chunk_refs,
             min_hit_share=float(min_hit_share),
+            background_chunks=background_chunks,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

@@ -2,10 +2,13 @@
 
 A tenant (`cache_salt`) never loads another tenant's chunk KV, as vLLM's prefix cache never
 serves another tenant's prefix; under the "alone" chunk-store policy no user's text shapes the
-chunk KV that others reuse: a chunk is stored only as computed with nothing before it.
+chunk KV that others reuse: a chunk is stored only as computed with nothing before it (the engine
+computes the chunks a request missed alone while it is idle).
 """
 
 from __future__ import annotations
+
+import time
 
 from blend_helpers import MARKER, assert_same, forget_local_prefix_cache, prompts, read_blocks, run
 
@@ -33,21 +36,10 @@ def texts(tok, seed, n):
     return chunks, tok.encode("\nQuestion: " + ex.question + "\nAnswer:", add_special_tokens=False)
 
 
-def test_alone_policy_stores_only_chunks_computed_with_nothing_before_them(model_dir, tmp_path, engine_factory):
+def test_alone_policy_stores_chunks_only_as_computed_with_nothing_before_them(model_dir, tmp_path, engine_factory):
     llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(tmp_path, blend_ratio=0.15,
                                                                            chunk_store="alone"))
-    (junk, doc, other, junk2), question = texts(llm.get_tokenizer(), 502, 4)
-    # Text of the sender's choosing before the document: the document's KV is not stored.
-    first = run(llm, junk + doc + question, cache_salt="tenant-a")
-    assert first.report["chunk_hit_blocks"] == 0
-    later = run(llm, other + doc + question, cache_salt="tenant-a")
-    assert later.report["chunk_hit_blocks"] == 0 and not later.report["blended"]
-    # The document sent alone (an indexing request) is stored, and reused behind any text.
-    run(llm, doc, cache_salt="tenant-a", max_tokens=1)
-    again = run(llm, junk2 + doc + question, cache_salt="tenant-a")
-    assert again.report["blended"] and again.report["chunk_hit_tokens"] == len(doc)
-    # What is stored is the document's KV alone: the same for a tenant that never saw the junk.
-    run(llm, doc, cache_salt="tenant-b", max_tokens=1)
+    (junk, doc, junk2), question = texts(llm.get_tokenizer(), 502, 3)
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
 
@@ -57,10 +49,26 @@ def test_alone_policy_stores_only_chunks_computed_with_nothing_before_them(model
     hasher = BlockHasher("sha256", bs, kv_cache_utils.NONE_HASH)
     sizes = [min(bs, len(doc) - i) for i in range(0, len(doc), bs)]
     store = UcmNfsStore({"storage_backends": str(tmp_path)})
+
+    def doc_keys(salt):
+        return [store_key(store_namespace(config), KeyKind.EXACT, h)
+                for h in hasher.chunk_hashes(doc, IsolationKeys(None, salt))]
+
     try:
-        stored = [read_blocks(store, [store_key(store_namespace(config), KeyKind.EXACT, h)
-                                      for h in hasher.chunk_hashes(doc, IsolationKeys(None, salt))], sizes)
-                  for salt in ("tenant-a", "tenant-b")]
+        # Text of the sender's choosing before the document: its KV there is not stored; once the
+        # engine is idle it computes the document alone (background_chunks) and stores that.
+        first = run(llm, junk + doc + question, cache_salt="tenant-a")
+        assert first.report["chunk_hit_blocks"] == 0
+        deadline = time.monotonic() + 120
+        while not all(store.lookup(doc_keys("tenant-a"))):
+            assert time.monotonic() < deadline, "the document was not computed alone in the background"
+            time.sleep(0.5)
+        again = run(llm, junk2 + doc + question, cache_salt="tenant-a")
+        assert again.report["blended"] and again.report["chunk_hit_tokens"] == len(doc)
+        # What is stored is the document's KV alone: the same as an indexing request's (the document
+        # sent by itself) for a tenant that never saw the junk.
+        run(llm, doc, cache_salt="tenant-b", max_tokens=1)
+        stored = [read_blocks(store, doc_keys(salt), sizes) for salt in ("tenant-a", "tenant-b")]
     finally:
         store.close()
     assert float((stored[0] - stored[1]).abs().max()) <= 1e-6

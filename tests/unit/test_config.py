@@ -157,6 +157,16 @@ def test_chunk_end_token_id_is_optional(token):
     assert parse(extra).sparse.chunk_end_token_id is None
 
 
+@pytest.mark.parametrize("policy, setting, on", [("any", None, False), ("alone", None, True),
+                                                 ("alone", False, False), ("any", True, True)])
+def test_missed_chunks_are_computed_alone_by_default_only_under_the_alone_policy(policy, setting, on):
+    extra = example()
+    extra["ucm_sparse_config"]["Blend"]["chunk_store"] = policy
+    if setting is not None:
+        extra["ucm_sparse_config"]["Blend"]["background_chunks"] = setting
+    assert parse(extra).sparse.computes_missed_chunks_alone is on
+
+
 def test_several_stores_and_dram_store():
     extra = example()
     extra["ucm_connectors"].insert(
@@ -266,6 +276,10 @@ ERROR_CASES = [
     (_set((*BLEND, "min_hit_share"), 1.2), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 1.2"),
     (_set((*BLEND, "min_hit_share"), "x"), "ucm_sparse_config.Blend.min_hit_share must be a number in [0, 1], got 'x'"),
     (_set((*BLEND, "chunk_refs"), "yes"), "ucm_sparse_config.Blend.chunk_refs must be true or false (or absent), got 'yes'"),
+    (
+        _set((*BLEND, "background_chunks"), 1),
+        "ucm_sparse_config.Blend.background_chunks must be true or false (or absent), got 1",
+    ),
     (
         _set((*META, LAYER, "selection"), "attention"),
         f"{RATIO_PATH[:-len('ratio')]}selection must be one of 'query', 'hkvd', 'oracle', 'key_l1', 'key_l2', 'chunk_start', got 'attention'",

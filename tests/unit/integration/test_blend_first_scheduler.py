@@ -14,6 +14,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -40,7 +41,7 @@ def scheduler(make_scheduler):
     return make_scheduler()
 
 
-def new_scheduler(model_dir, tmp_path, num_blocks=2000, max_num_seqs=8):
+def new_scheduler(model_dir, tmp_path, num_blocks=2000, max_num_seqs=8, budget=BUDGET, **transfer):
     import torch
     from vllm.plugins import load_general_plugins
 
@@ -48,10 +49,10 @@ def new_scheduler(model_dir, tmp_path, num_blocks=2000, max_num_seqs=8):
 
     vllm_config = VllmConfig(
         model_config=ModelConfig(model=str(model_dir), dtype="float32", max_model_len=4096, seed=0),
-        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=BUDGET, max_model_len=4096,
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=4096,
                                          is_encoder_decoder=False, enable_chunked_prefill=True),
         cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
-        kv_transfer_config=ucm_transfer_config(tmp_path / "store", blend_ratio=0.15))
+        kv_transfer_config=ucm_transfer_config(tmp_path / "store", blend_ratio=0.15, **transfer))
     hf = vllm_config.model_config.hf_text_config
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=hf.num_key_value_heads,
                              head_size=hf.hidden_size // hf.num_attention_heads, dtype=torch.float32)
@@ -72,23 +73,27 @@ def prompt(seed: int, chunks: int = 4, words: int = 95) -> list[int]:
     return [int(t) for _ in range(chunks) for t in [*rng.integers(100, 20000, words), MARKER]] + [7, 8, 9]
 
 
-def add(sched, req_id: str, tokens: list[int]) -> Request:
-    request = Request(req_id, tokens, SamplingParams(max_tokens=4), None, block_hasher=sched.block_hasher)
+def add(sched, req_id: str, tokens: list[int], **kw) -> Request:
+    request = Request(req_id, tokens, SamplingParams(max_tokens=4), None, block_hasher=sched.block_hasher, **kw)
     sched.add_request(request)
     return request
 
 
-def store_chunks(sched, tokens: list[int]) -> None:
+def store_chunks(sched, tokens: list[int], kind: KeyKind = KeyKind.CHUNK) -> None:
     """Writes the prompt's chunk blocks where the connector looks them up."""
     side = sched.connector.scheduler_side
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs),
                       None)
-    keys = [side.key(KeyKind.CHUNK, b.block_hash) for b in plan.blocks]
+    keys = [side.key(kind, b.block_hash) for b in plan.blocks]
     assert all(side.store.wait(side.store.dump(keys, [np.zeros(64, np.uint8)] * len(keys), [len(b.tokens) for b in plan.blocks])))
 
 
 def counters(sched) -> dict:
-    return sched.connector.scheduler_side.stats.data
+    """The connector's counts: those vLLM took in update_from_output (step below) and those since."""
+    counts = dict(getattr(sched, "taken_counts", {}))
+    for name, value in sched.connector.scheduler_side.stats.data.items():
+        counts[name] = counts.get(name, 0) + value
+    return counts
 
 
 def test_a_blend_request_goes_before_the_waiting_queue_and_the_prefills_keep_one_token(scheduler):
@@ -160,3 +165,97 @@ def test_no_short_step_while_vllm_admits_no_more_requests(make_scheduler):
     add(scheduler, "blend", blend_tokens)
     assert scheduler.schedule().num_scheduled_tokens["long"] > bfs.BLEND_STEP_SHARE
     assert "blend_first_steps" not in counters(scheduler)
+
+
+# ---- chunks computed alone in the background ---------------------------------------------
+
+
+def step(sched) -> tuple[dict[str, int], list[str]]:
+    """One scheduler step with the model's part played here: every request whose prompt is done
+    samples token 7. Returns the tokens scheduled per request and the request ids clients see."""
+    out = sched.schedule()
+    ids = list(out.num_scheduled_tokens)
+    sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_prompt_tokens else []
+               for r in ids]
+    outputs = sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                              sampled_token_ids=sampled))
+    taken = sched.__dict__.setdefault("taken_counts", {})
+    for engine_outputs in outputs.values():
+        for name, value in (engine_outputs.scheduler_stats.kv_connector_stats or {}).items():
+            taken[name] = taken.get(name, 0) + value
+    return out.num_scheduled_tokens, [o.request_id for eo in outputs.values() for o in eo.outputs]
+
+
+def background(sched) -> list[Request]:
+    return [r for r in sched.requests.values() if r.request_id.startswith("ucm-background-") and not r.is_finished()]
+
+
+def run_to_end(sched, request: Request) -> None:
+    for _ in range(100):
+        if request.is_finished():
+            return
+        step(sched)
+    raise AssertionError(f"{request.request_id} did not finish")
+
+
+def test_missed_chunks_are_computed_alone_while_no_user_request_is_in_the_engine(make_scheduler):
+    sched = make_scheduler(chunk_store="alone")
+    tokens = prompt(1)
+    chunks = split_by_marker(tokens, MARKER).chunks
+    run_to_end(sched, add(sched, "user", tokens, cache_salt="tenant-a"))
+
+    (chunk,) = background(sched)  # chunks 1-3 missed (chunk 0 opens the prompt: stored as its prefix)
+    assert chunk.prompt_token_ids == tokens[chunks[1].start:chunks[1].end]
+    assert chunk.cache_salt == "tenant-a"
+    assert counters(sched)["background_chunks_queued"] == 3 and counters(sched)["background_chunks_started"] == 1
+    scheduled, seen = step(sched)
+    assert scheduled == {chunk.request_id: len(chunk.prompt_token_ids)} and seen == []  # <= 256: one step
+    assert chunk.is_finished() and counters(sched)["background_chunks_computed"] == 1
+    (second,) = background(sched)
+    assert second.prompt_token_ids == tokens[chunks[2].start:chunks[2].end]
+
+
+def test_background_steps_are_short_and_a_user_request_stops_them(make_scheduler):
+    sched = make_scheduler(chunk_store="alone", budget=1024)
+    tokens = prompt(1, words=400)  # chunks of 401 tokens: two background steps each
+    run_to_end(sched, add(sched, "user", tokens))
+    (chunk,) = background(sched)
+    scheduled, _ = step(sched)
+    assert scheduled == {chunk.request_id: bfs.BACKGROUND_STEP_TOKENS}
+
+    user = add(sched, "next", prompt(2))
+    assert chunk.is_finished() and not background(sched) and counters(sched)["background_chunks_stopped"] == 1
+    scheduled, _ = step(sched)
+    assert scheduled == {"next": len(user.prompt_token_ids)}  # vLLM's whole budget again
+    run_to_end(sched, user)
+    (again,) = background(sched)  # the stopped chunk goes first
+    assert again.prompt_token_ids == chunk.prompt_token_ids and again.request_id != chunk.request_id
+
+
+def test_a_chunk_stored_meanwhile_is_not_computed_and_any_policy_queues_nothing(make_scheduler):
+    sched = make_scheduler(chunk_store="alone")
+    tokens = prompt(1)  # 387 tokens: two steps
+    chunks = split_by_marker(tokens, MARKER).chunks
+    user = add(sched, "user", tokens)
+    step(sched)  # planned: every chunk missed
+    # Chunk 1 is stored (as computed alone, by another engine, say) before the user request ends.
+    store_chunks(sched, tokens[chunks[1].start:chunks[1].end], KeyKind.EXACT)
+    run_to_end(sched, user)
+    (started,) = background(sched)
+    assert started.prompt_token_ids == tokens[chunks[2].start:chunks[2].end]
+    assert counters(sched)["background_chunks_skipped"] == 1
+
+    sched = make_scheduler()  # "any": a missed chunk is stored from the prompt itself
+    run_to_end(sched, add(sched, "user", prompt(3)))
+    assert not background(sched) and "background_chunks_queued" not in counters(sched)
+
+
+def test_a_chunk_its_request_gave_by_length_is_sent_with_its_length(make_scheduler):
+    sched = make_scheduler(chunk_store="alone")
+    tokens = prompt(1)
+    params = SamplingParams(max_tokens=4, extra_args={"kv_transfer_params": {"ucm_chunk_lengths": [96, 96, 96, 96]}})
+    user = Request("user", tokens, params, None, block_hasher=sched.block_hasher)
+    sched.add_request(user)
+    run_to_end(sched, user)
+    (chunk,) = background(sched)
+    assert chunk.prompt_token_ids == tokens[96:192] and chunk.kv_transfer_params == {"ucm_chunk_lengths": [96]}

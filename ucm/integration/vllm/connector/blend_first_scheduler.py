@@ -13,15 +13,22 @@ Decodes keep their token.
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used
 where vLLM would schedule asynchronously (GPUs, by default).
+
+It also computes the chunks requests missed alone while no user request is waiting or running
+(the connector's `background_chunks` queue, on under the "alone" chunk-store policy): one chunk at
+a time, as a request of its own whose output no client sees, in steps of at most
+BACKGROUND_STEP_TOKENS tokens; a user request's arrival stops it and queues the chunk again.
 """
 
 from __future__ import annotations
 
+import uuid
 from itertools import islice
 
+from vllm import SamplingParams
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import Request, RequestStatus
 
 # Tokens every other prefill keeps in a step that admits a blend request. vLLM reads a threshold
 # of 0 as "no limit", so the smallest share is one token.
@@ -32,6 +39,9 @@ MAX_SHORT_STEPS_IN_ROW = 4
 # Waiting requests asked about per step; a request's plan (its store lookups) is kept for
 # scheduler_side.HELD_PLAN_SECONDS and used by vLLM's own question.
 BLEND_LOOKAHEAD = 8
+# Tokens per step of a chunk computed in the background: a user request that arrives waits for
+# the step in flight, so these steps are short (~0.1 of a 2048-token step's time).
+BACKGROUND_STEP_TOKENS = 256
 QUALNAME = f"{__name__}.BlendFirstScheduler"
 
 
@@ -40,8 +50,29 @@ class BlendFirstScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
+        self._background: dict[str, object] = {}  # request id -> BackgroundChunk, in the engine now
+        self._background_prefix = f"ucm-background-{uuid.uuid4().hex[:8]}-"
+        self._background_sent = 0
+
+    def add_request(self, request: Request) -> None:
+        if self._background and not request.request_id.startswith(self._background_prefix):
+            self._stop_background()
+        super().add_request(request)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._hide_background(outputs)
+        self._start_background()
+        return outputs
 
     def schedule(self, *args, **kwargs):
+        if self._background:  # a user request would have stopped it: only it is in the engine
+            saved = self.max_num_scheduled_tokens
+            self.max_num_scheduled_tokens = min(saved, BACKGROUND_STEP_TOKENS)
+            try:
+                return super().schedule(*args, **kwargs)
+            finally:
+                self.max_num_scheduled_tokens = saved
         if self._short_in_row >= MAX_SHORT_STEPS_IN_ROW or not self._blend_request_first():
             self._short_in_row = 0
             return super().schedule(*args, **kwargs)
@@ -76,6 +107,50 @@ class BlendFirstScheduler(Scheduler):
                 self._last_first = request.request_id
                 return True
         return False
+
+    # ---- chunks computed alone in the background ----------------------------------------
+
+    def _start_background(self) -> None:
+        """Sends the next queued chunk that is not stored yet, when no user request is in the engine."""
+        side = getattr(self.connector, "scheduler_side", None)
+        queue = getattr(side, "background", None)
+        if not queue or self._background or any(not r.is_finished() for r in self.requests.values()):
+            return
+        while (chunk := queue.take()) is not None:
+            if side.stored(chunk.last_key):
+                side.stats.add("background_chunks_skipped")
+                continue
+            self._background_sent += 1
+            request = Request(f"{self._background_prefix}{self._background_sent}", list(chunk.token_ids),
+                              SamplingParams(max_tokens=1, temperature=0.0, extra_args=(
+                                  {"kv_transfer_params": chunk.kv_transfer_params} if chunk.kv_transfer_params else None)),
+                              None, lora_request=chunk.lora_request,
+                              cache_salt=chunk.cache_salt, block_hasher=chunk.block_hasher)
+            self._background[request.request_id] = chunk
+            Scheduler.add_request(self, request)
+            side.stats.add("background_chunks_started")
+            return
+
+    def _stop_background(self) -> None:
+        side = self.connector.scheduler_side
+        for chunk in self._background.values():
+            side.background.put_back(chunk)
+            side.stats.add("background_chunks_stopped")
+        Scheduler.finish_requests(self, list(self._background), RequestStatus.FINISHED_ABORTED)
+        self._background.clear()
+
+    def _hide_background(self, outputs) -> None:
+        """Counts finished background chunks and takes their outputs out of what clients receive."""
+        prefix = self._background_prefix
+        for engine_outputs in outputs.values():
+            if self._background:
+                engine_outputs.outputs = [o for o in engine_outputs.outputs if not o.request_id.startswith(prefix)]
+            if engine_outputs.finished_requests:
+                engine_outputs.finished_requests = {r for r in engine_outputs.finished_requests
+                                                    if not r.startswith(prefix)}
+        for req_id in [r for r in self._background if r not in self.requests or self.requests[r].is_finished()]:
+            del self._background[req_id]
+            self.connector.scheduler_side.stats.add("background_chunks_computed")
 
 
 def is_blend_first(scheduler_cls) -> bool:

@@ -22,6 +22,7 @@ from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, CHUNK_START_TOKEN
                         KV_SHIFT_PARAM,
                         ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
+from ucm.integration.vllm.connector.background_chunks import BackgroundChunk, BackgroundChunks
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -160,6 +161,9 @@ class SchedulerSide:
         serving = os.environ.get(API_SERVER_ENV) == "1"
         listed = self.blend.request_params if self.blend else None
         self.allowed_params = frozenset(listed if listed is not None else () if serving else REQUEST_PARAMS)
+        # Missed chunks to compute alone while idle (BlendFirstScheduler takes them); None: off.
+        self.background = (BackgroundChunks() if self.blend and self.blend.computes_missed_chunks_alone
+                           and self.stores else None)
         oracle = self.blend.allow_oracle if self.blend else None
         self.allow_oracle = oracle if oracle is not None else not serving
 
@@ -508,6 +512,8 @@ class SchedulerSide:
         if state is None:
             return None
         plan = state.plan
+        if self.background is not None and plan is not None:
+            self._queue_missed_chunks(state)
         return {REPORT_KEY: {
             "prompt_tokens": state.prompt_len,
             "external_prefix_tokens": state.prefix_external,
@@ -527,6 +533,34 @@ class SchedulerSide:
         }}
 
     # ---- internals ---------------------------------------------------------------------
+
+    def _queue_missed_chunks(self, state: _RequestState) -> None:
+        """Queues every chunk after the prompt's first with a block the store did not have, to be
+        computed alone while the engine is idle (background_chunks.py)."""
+        request = state.request
+        params, _ = self.request_params(request)
+        by_lengths = CHUNK_LENGTHS_PARAM in params  # alone, the chunk is given its length the same way
+        blocks: dict[int, list] = {}
+        for blk in state.plan.blocks:
+            blocks.setdefault(blk.chunk_start, []).append(blk)
+        tokens = request.prompt_token_ids
+        for span in state.plan.layout.chunks[1:]:
+            chunk_blocks = blocks.get(span.start)
+            if not chunk_blocks or all(b.hit for b in chunk_blocks):
+                continue
+            last = max(chunk_blocks, key=lambda b: b.tokens.end)
+            queued = self.background.offer(BackgroundChunk(
+                tuple(tokens[span.start:span.end]), self.key(KeyKind.EXACT, last.block_hash),
+                getattr(request, "lora_request", None), getattr(request, "cache_salt", None),
+                getattr(request, "_block_hasher", None),
+                {CHUNK_LENGTHS_PARAM: [len(span)]} if by_lengths else None))
+            if queued is not None:
+                self.stats.add("background_chunks_queued" if queued else "background_chunks_dropped")
+
+    def stored(self, key: bytes) -> bool:
+        """Whether the store holds this block (every tensor-parallel rank's shard of it), or this
+        engine's dump of it is on its way."""
+        return key in self._pending or self.store.lookup_shards([key], self.num_shards)[0]
 
     def _new_request_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         bs = self.block_size

@@ -363,6 +363,8 @@ def summarize(records, wall_s: float, high_hit: set[int] | None, instances: int 
             "high_hit_ttft_p90_s": percentile(high, 0.9) if high else None,
             "chunk_hit_rate": sum(r["chunk_hit_blocks"] for r in records) / blocks if blocks else None,
             "blended_share": sum(r["blended"] for r in records) / len(records),
+            # mean token F1 of the (max_tokens-long) answers against the gold answers; older runs have none
+            "answer_f1": sum(r["f1"] for r in records) / len(records) if all("f1" in r for r in records) else None,
             "vllm_cached_share": sum(r["cached_tokens"] or 0 for r in records) / tokens,
             **instance_summary(records, instances)}
 
@@ -458,7 +460,14 @@ def elsewhere_counts(stream, instances: int, index: bool) -> list[int]:
     return counts[len(first):]
 
 
-async def serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store) -> None:
+def answer_f1(text: str, answers) -> float:
+    """The answer's token F1 against the question's gold answers (its first sentence, as ucm.eval scores)."""
+    from ucm.eval.metrics import best_f1, short_answer
+
+    return best_f1(short_answer(text), list(answers))
+
+
+async def serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store, answers) -> None:
     import httpx
 
     routes = routing(len(stream), len(urls))
@@ -480,6 +489,7 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
             def on_record(rec):
                 i, req = rec["i"], stream[rec["i"]]
                 run["records"].append({**rec, "question": req.question, "noise": len(req.noise),
+                                       "f1": answer_f1(rec["text"], answers[rec["i"]]),
                                        "instance": routes[i], "passages_first_seen_elsewhere": elsewhere[i]})
                 out.write_text(json.dumps(results, indent=1))
 
@@ -540,7 +550,8 @@ def main(argv=None) -> int:
                     procs.append(start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc, envs[i]))
                 for url, proc in zip(urls, procs):
                     wait_healthy(url, proc)
-                asyncio.run(serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store))
+                asyncio.run(serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store,
+                                       [examples[r.question].answers for r in stream]))
             finally:
                 for proc in procs:
                     with contextlib.suppress(ProcessLookupError):  # one already gone: stop the others

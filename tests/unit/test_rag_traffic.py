@@ -112,6 +112,15 @@ def test_high_hit_requests_and_summary(rt):
     assert s["chunk_hit_rate"] == 0.75 and s["blended_share"] == pytest.approx(2 / 3)
     assert s["vllm_cached_share"] == pytest.approx(50 / 300)
     assert rt.summarize(records, 2.0, None)["high_hit_ttft_p50_s"] is None
+    assert s["answer_f1"] is None  # runs recorded before answers were scored
+    for r, f1 in zip(records, (1.0, 0.5, 0.0)):
+        r["f1"] = f1
+    assert rt.summarize(records, 2.0, None)["answer_f1"] == 0.5
+
+
+def test_answers_are_scored_by_their_first_sentence(rt):
+    assert rt.answer_f1(" Paris. It is the capital", ("Paris",)) == 1.0
+    assert rt.answer_f1(" the city of Paris", ("Lyon", "Paris")) == 0.5  # "city of paris": articles go
 
 
 def test_alone_picks_spread_over_the_high_hit_requests(rt):

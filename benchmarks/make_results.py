@@ -184,6 +184,15 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf20_alone_background.json", "chunk_store \"alone\" with missed chunks computed alone while the "
+     "server is idle (background_chunks): the first 20 requests of the Zipf stream at Poisson arrivals, 0.015 "
+     "requests/s, Blend only (answers scored afterwards: token F1 in the records)",
+     "python benchmarks/rag_traffic.py --num-requests 20 --rates 0.015 --servers blend --alone 0 --blend-config "
+     "'{\"chunk_store\": \"alone\"}' --out benchmarks/results/rag_traffic_zipf20_alone_background.json", None),
+    ("rag_traffic_zipf20_any_c2.json", "The same 20 requests under chunk_store \"any\" (the default) at concurrency "
+     "2, same session: its hit rate and answers to set the section above against",
+     "python benchmarks/rag_traffic.py --num-requests 20 --concurrency 2 --servers blend --alone 0 "
+     "--out benchmarks/results/rag_traffic_zipf20_any_c2.json", None),
     ("rag_traffic_zipf48_c4_step1024.json", "BlendFirstScheduler with half vLLM's step budget "
      "(--max-num-batched-tokens 1024, Blend's cap kept at 8192 rows); the session after the next section's: "
      "compare with care",

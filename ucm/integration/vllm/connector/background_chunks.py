@@ -23,7 +23,7 @@ QUEUE_LIMIT = 256
 @dataclass(frozen=True)
 class BackgroundChunk:
     token_ids: tuple[int, ...]
-    last_key: bytes  # store key of its last block: once stored, nothing is left to compute
+    last_hash: bytes  # its last block's hash: once that block is stored, nothing is left to compute
     lora_request: Any = None  # the adapter and tenant of the request that missed it
     cache_salt: str | None = None
     block_hasher: Callable | None = None  # vLLM's, from that request: the same block hashes
@@ -31,7 +31,7 @@ class BackgroundChunk:
 
 
 class BackgroundChunks:
-    """A bounded FIFO of missed chunks, each queued once (by its last block's key)."""
+    """A bounded FIFO of missed chunks, each queued once (by its last block's hash)."""
 
     def __init__(self, limit: int = QUEUE_LIMIT):
         self.limit = limit
@@ -43,23 +43,23 @@ class BackgroundChunks:
 
     def offer(self, chunk: BackgroundChunk) -> bool | None:
         """Queues a chunk: True; False when the queue is full (dropped); None when already queued."""
-        if chunk.last_key in self._keys:
+        if chunk.last_hash in self._keys:
             return None
         if len(self._queue) >= self.limit:
             return False
         self._queue.append(chunk)
-        self._keys.add(chunk.last_key)
+        self._keys.add(chunk.last_hash)
         return True
 
     def take(self) -> BackgroundChunk | None:
         if not self._queue:
             return None
         chunk = self._queue.popleft()
-        self._keys.discard(chunk.last_key)
+        self._keys.discard(chunk.last_hash)
         return chunk
 
     def put_back(self, chunk: BackgroundChunk) -> None:
         """A chunk stopped before it was computed goes first next time (even past the limit)."""
-        if chunk.last_key not in self._keys:
+        if chunk.last_hash not in self._keys:
             self._queue.appendleft(chunk)
-            self._keys.add(chunk.last_key)
+            self._keys.add(chunk.last_hash)

@@ -30,6 +30,8 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from ucm.integration.vllm.connector.background_chunks import BackgroundChunk
+
 # Tokens every other prefill keeps in a step that admits a blend request. vLLM reads a threshold
 # of 0 as "no limit", so the smallest share is one token.
 BLEND_STEP_SHARE = 1
@@ -50,7 +52,7 @@ class BlendFirstScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
-        self._background: dict[str, object] = {}  # request id -> BackgroundChunk, in the engine now
+        self._background: dict[str, BackgroundChunk] = {}  # request id -> its chunk, in the engine now
         self._background_prefix = f"ucm-background-{uuid.uuid4().hex[:8]}-"
         self._background_sent = 0
 
@@ -117,7 +119,7 @@ class BlendFirstScheduler(Scheduler):
         if not queue or self._background or any(not r.is_finished() for r in self.requests.values()):
             return
         while (chunk := queue.take()) is not None:
-            if side.stored(chunk.last_key):
+            if side.stored(chunk.last_hash):
                 side.stats.add("background_chunks_skipped")
                 continue
             self._background_sent += 1

@@ -550,17 +550,17 @@ class SchedulerSide:
                 continue
             last = max(chunk_blocks, key=lambda b: b.tokens.end)
             queued = self.background.offer(BackgroundChunk(
-                tuple(tokens[span.start:span.end]), self.key(KeyKind.EXACT, last.block_hash),
+                tuple(tokens[span.start:span.end]), last.block_hash,
                 getattr(request, "lora_request", None), getattr(request, "cache_salt", None),
                 getattr(request, "_block_hasher", None),
                 {CHUNK_LENGTHS_PARAM: [len(span)]} if by_lengths else None))
             if queued is not None:
                 self.stats.add("background_chunks_queued" if queued else "background_chunks_dropped")
 
-    def stored(self, key: bytes) -> bool:
-        """Whether the store holds this block (every tensor-parallel rank's shard of it), or this
-        engine's dump of it is on its way."""
-        return key in self._pending or self.store.lookup_shards([key], self.num_shards)[0]
+    def stored(self, block_hash: bytes) -> bool:
+        """Whether the store holds this block as exact KV (every tensor-parallel rank's shard of
+        it), or this engine's dump of it is on its way."""
+        return self.key(KeyKind.EXACT, block_hash) in self._pending or self.lookup(KeyKind.EXACT, [block_hash])[0]
 
     def _new_request_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         bs = self.block_size

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ucm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model demo test test-fast clean
+.PHONY: setup model demo test test-all test-fast clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ demo: model
 	$(BIN)/python examples/offline_inference_blend.py
 
 # Fast unit tests first, then the end-to-end tests (tests/e2e, marked slow) that start real
-# vLLM engines; pytest runs the two folders in this order.
+# vLLM engines; pytest runs the two folders in this order. `test` leaves out the e2e modules marked
+# heavy (engines of their own: TP, architectures, several engines on one store, the main job as a
+# subprocess; tests/e2e/conftest.py lists them): about 20 minutes on 2 cores. `test-all` runs all.
 test: model
+	$(BIN)/python -m pytest -q -m "not heavy" tests/unit tests/e2e $(PYTEST_ARGS)
+
+test-all: model
 	$(BIN)/python -m pytest -q tests/unit tests/e2e $(PYTEST_ARGS)
 
 test-fast: setup

@@ -27,7 +27,9 @@ stream / alone over those requests). Alone, a request finds at least the chunks 
 stream (the store only grew, by its own misses too: the summary gives both hit rates, and the
 ratio overstates the stream's cost by what those misses cost alone; vLLM's prefix cache may hold
 its exact prefix, as in the stream) and nothing else runs: what the stream added is waiting and
-sharing steps.
+sharing steps. So each is sent twice: first with every chunk it missed in the stream made new
+(one token changed: the same length and work, `alone_same_misses`, summary
+`high_hit_vs_alone_same_misses`), then as it was (`alone`).
 
 --instances N (two instances, one store): each server is N `ucm-vllm serve` instances, each on its
 own port; Blend's all use the same store directory, plain's each keep their own prefix cache. The
@@ -244,7 +246,8 @@ async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int
     details = out["usage"].get("prompt_tokens_details") or {}
     return {"ttft_s": latency - decode, "latency_s": latency, "prompt_tokens": out["usage"]["prompt_tokens"],
             "cached_tokens": details.get("cached_tokens"), "chunk_blocks": report.get("chunk_blocks", 0),
-            "chunk_hit_blocks": report.get("chunk_hit_blocks", 0), "blended": bool(report.get("blended")),
+            "chunk_hit_blocks": report.get("chunk_hit_blocks", 0), "chunk_hits": report.get("chunk_hits", []),
+            "blended": bool(report.get("blended")),
             "fallback": report.get("fallback"), "text": out["choices"][0]["text"]}
 
 
@@ -322,20 +325,40 @@ def alone_picks(records, n: int) -> list[int]:
     return sorted({high[min(len(high) - 1, int(k * step))] for k in range(min(n, len(high)))})
 
 
-def alone_summary(records, alone) -> dict:
+def with_same_misses(prompt, chunk_hits, seed: int):
+    """The prompt with the first token of every chunk that had no block hit in the stream replaced
+    by another of the chunk's tokens (random, seeded): every block hash of such a chunk changes, so
+    alone the request misses what it missed in the stream and does the same work (the same length,
+    the same chunk layout). Chunks hit in part stay as they are: alone they may hit more."""
+    token_ids, chunk_lengths = prompt
+    ends = list(itertools.accumulate(chunk_lengths))
+    chunk_end = dict(zip([0] + ends[:-1], ends))  # chunk start -> end
+    rng, out = random.Random(seed), list(token_ids)
+    for start, _, hit in chunk_hits:
+        if hit or start not in chunk_end:
+            continue
+        others = [t for t in token_ids[start + 1:chunk_end[start]] if t != token_ids[start]]
+        if others:
+            out[start] = rng.choice(others)
+    return out, chunk_lengths
+
+
+def alone_summary(records, alone, key: str = "alone") -> dict:
     """The high-hit requests sent again alone: their TTFT p50 alone and in the stream, and the
-    median over them of stream TTFT / alone TTFT (the issue's target: within 2x)."""
+    median over them of stream TTFT / alone TTFT (the issue's target: within 2x). `key` names the
+    variant: "alone" (the request as it was), "alone_same_misses" (its stream misses kept missing)."""
     if not alone:
         return {}
     stream = {r["i"]: r for r in records}
     again = [a for a in alone if a["i"] in stream and a["ttft_s"] > 0]
     pairs = [(stream[a["i"]]["ttft_s"], a["ttft_s"]) for a in again]
-    return {"alone_requests": len(pairs),
-            # alone, a request also finds the chunks it stored itself in the stream: fewer misses
-            "alone_chunk_hit_rate": hit_rate(again), "alone_stream_chunk_hit_rate": hit_rate([stream[a["i"]] for a in again]),
-            "alone_ttft_p50_s": percentile([b for _, b in pairs], 0.5) if pairs else None,
-            "alone_stream_ttft_p50_s": percentile([a for a, _ in pairs], 0.5) if pairs else None,
-            "high_hit_vs_alone": percentile([a / b for a, b in pairs], 0.5) if pairs else None}
+    return {f"{key}_requests": len(pairs),
+            # "alone": a request also finds the chunks it stored itself in the stream: fewer misses
+            f"{key}_chunk_hit_rate": hit_rate(again),
+            f"{key}_stream_chunk_hit_rate": hit_rate([stream[a["i"]] for a in again]),
+            f"{key}_ttft_p50_s": percentile([b for _, b in pairs], 0.5) if pairs else None,
+            f"{key}_stream_ttft_p50_s": percentile([a for a, _ in pairs], 0.5) if pairs else None,
+            f"high_hit_vs_{key}": percentile([a / b for a, b in pairs], 0.5) if pairs else None}
 
 
 def instance_summary(records, instances: int) -> dict:
@@ -378,6 +401,7 @@ def finish(results: dict) -> None:
                                         high_hit_requests(blend["records"]) if blend else None,
                                         results["config"].get("instances", 1)))
         run["summary"].update(alone_summary(run["records"], run.get("alone")))
+        run["summary"].update(alone_summary(run["records"], run.get("alone_same_misses"), "alone_same_misses"))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
                                  "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
                           for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
@@ -497,11 +521,15 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
                                              on_record)
             run["summary"] = store_summary(before, sum_counters(urls), store)
             if blend and args.alone:  # after the run's counters: these requests are not part of it
-                run["alone"] = []
+                run["alone"], run["alone_same_misses"] = [], []
+                records = {r["i"]: r for r in run["records"]}
                 for i in alone_picks(run["records"], args.alone):
-                    rec = await send(clients[routes[i]], model, prompts[i], salt, blend, args.max_tokens)
-                    run["alone"].append({"i": i, **rec})
-                    out.write_text(json.dumps(results, indent=1))
+                    # First with the chunks it missed in the stream still missing, then as it was.
+                    same = with_same_misses(prompts[i], records[i]["chunk_hits"], args.seed + i)
+                    for key, prompt in (("alone_same_misses", same), ("alone", prompts[i])):
+                        rec = await send(clients[routes[i]], model, prompt, salt, blend, args.max_tokens)
+                        run[key].append({"i": i, **rec})
+                        out.write_text(json.dumps(results, indent=1))
             finish(results)
             s = run["summary"]
             print(f"{server} {load}: {s['requests_per_s']:.3f} req/s, TTFT p50 {s['ttft_p50_s']:.2f} s, "

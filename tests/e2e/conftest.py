@@ -16,10 +16,26 @@ from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# Modules that start engines of their own beyond the session's shared ones (several each, or a
+# tensor-parallel pair, or whole jobs in subprocesses): marked heavy, which `make test` leaves out to
+# keep the default suite near 20 minutes on 2 cores; `make test-all` runs them.
+HEAVY_MODULES = {
+    "test_tensor_parallel": "three engines in subprocesses, one of them two TP workers",
+    "test_architectures": "an engine per model architecture",
+    "test_model_identity": "three engines on one store",
+    "test_main_job": "the main job and the benchmark as subprocesses, several engines each",
+    "test_shared_store": "two engines at once on one store",
+    "test_blend_bfloat16": "a bfloat16 engine (about 3x slower where the CPU lacks native bfloat16)",
+    "test_prefix_offload": "two engines one after the other",
+}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
+            if item.path.stem in HEAVY_MODULES:
+                item.add_marker(pytest.mark.heavy)
 
 
 @pytest.fixture

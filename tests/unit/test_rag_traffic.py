@@ -141,6 +141,32 @@ def test_alone_summary_sets_stream_against_alone(rt):
     assert rt.alone_summary(records, None) == {} and rt.alone_summary(records, []) == {}
 
 
+def test_same_misses_makes_exactly_the_missed_chunks_new(rt):
+    from ucm.sparse.blend.chunking import split_by_lengths
+    from ucm.sparse.blend.hashing import BlockHasher
+    from ucm.sparse.blend.plan import chunk_blocks
+
+    lengths = [5, 12, 9, 4]  # system, three passages (the question follows)
+    tokens = [100 + t % 7 for t in range(sum(lengths) + 6)]
+    hits = [[5, 3, 3], [17, 3, 0], [26, 1, 1]]  # the passage at 17 missed in the stream; the rest hit
+    same, same_lengths = rt.with_same_misses((tokens, lengths), hits, seed=3)
+    assert same_lengths == lengths and len(same) == len(tokens)
+    assert [i for i, (a, b) in enumerate(zip(tokens, same)) if a != b] == [17]  # one token, the chunk's first
+    hasher = BlockHasher.from_seed("sha256", 4, "test")
+    layout = split_by_lengths(len(tokens), lengths)
+    stored = {h for h, _, _ in chunk_blocks(layout, tokens, hasher)}
+    # Every block of that chunk is new, every other block is as it was.
+    assert all((h not in stored) == (c == 17) for h, c, _ in chunk_blocks(layout, same, hasher))
+    assert rt.with_same_misses((tokens, lengths), [[17, 3, 1]], seed=3)[0] == tokens  # hit in part: kept
+
+
+def test_alone_summary_names_its_variant(rt):
+    records = [{"i": 0, "ttft_s": 8.0, "chunk_blocks": 10, "chunk_hit_blocks": 8}]
+    s = rt.alone_summary(records, [{"i": 0, "ttft_s": 4.0, "chunk_blocks": 10, "chunk_hit_blocks": 8}],
+                         "alone_same_misses")
+    assert s["high_hit_vs_alone_same_misses"] == 2.0 and s["alone_same_misses_chunk_hit_rate"] == 0.8
+
+
 def test_argument_defaults(rt):
     args = rt.parse_args([])
     assert (args.questions, args.zipf, args.noise, args.concurrency, args.rates) == (50, 1.1, 2, [2], None)

@@ -46,6 +46,13 @@ def test_misses_inside_the_region_are_its_work():
     assert region_work(plan, 19, 0.5) == 13 + 3  # ceil(0.5 * 6)
 
 
+def test_chunk_hits_count_each_chunks_blocks_and_hits():
+    plan = plan_for([6, 10], 20, {0, 4})  # chunk 0: blocks [0,4) hit, [4,6) missed; chunk 6: only [14,16) hit
+    assert plan.chunk_hits() == [(0, 2, 1), (6, 3, 1)]
+    # Blocks in the exact prefix are not looked up: chunk 0 then has one block, missed.
+    assert plan_for([6, 10], 20, {2, 3}, prefix_tokens=4).chunk_hits() == [(0, 1, 0), (6, 3, 2)]
+
+
 def test_the_engine_keeps_at_least_the_last_token():
     plan = plan_for([6, 10], 16, {0, 1, 2, 3, 4})  # no suffix: the prompt ends inside the last chunk
     assert blend_region_end(plan, 16) == 15

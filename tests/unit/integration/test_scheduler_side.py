@@ -110,6 +110,8 @@ def test_loaded_region_is_reported_computed_and_handed_over_per_request(tmp_path
     report = side.request_finished(req)["ucm"]
     assert report["blended"] and report["blend_region_tokens"] == 21 and report["external_prefix_tokens"] == 0
     assert report["fallback"] is None and report["chunk_hit_tokens"] == 19
+    assert sum(n for _, n, _ in report["chunk_hits"]) == report["chunk_blocks"]
+    assert sum(hit for _, _, hit in report["chunk_hits"]) == report["chunk_hit_blocks"]
     assert side.stats.data["blended_requests"] == 1
 
 

@@ -78,6 +78,16 @@ class BlendPlan:
     def num_loaded_tokens(self) -> int:
         return sum(len(b.placed) for b in self.loaded)
 
+    def chunk_hits(self) -> list[tuple[int, int, int]]:
+        """(chunk start, blocks looked up, blocks hit) per chunk, in prompt order: which chunks a
+        request found, for its report (a benchmark replays a request with the same chunks missing)."""
+        per: dict[int, list[int]] = {}
+        for b in self.blocks:
+            counts = per.setdefault(b.chunk_start, [0, 0])
+            counts[0] += 1
+            counts[1] += b.hit
+        return [(start, n, hit) for start, (n, hit) in per.items()]
+
 
 def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher,
                  isolation: IsolationKeys | None = None) -> list[tuple[BlockHash, int, Span]]:

@@ -521,6 +521,7 @@ class SchedulerSide:
             "chunk_blocks": len(plan.blocks) if plan else 0,
             "chunk_hit_blocks": len(plan.loaded) if plan else 0,
             "chunk_hit_tokens": plan.num_loaded_tokens if plan else 0,
+            "chunk_hits": [list(c) for c in plan.chunk_hits()] if plan else [],
             "blended": state.blended,
             "ratio": state.ratio,
             "selection": state.selection,

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # Modules that start engines of their own beyond the session's shared ones (several each, or a
 # tensor-parallel pair, or whole jobs in subprocesses): marked heavy, which `make test` leaves out to
-# keep the default suite near 20 minutes on 2 cores; `make test-all` runs them.
+# keep the default suite near 20 minutes on 2 cores (measured: 48 min with everything, 28 min
+# without these modules, before the two tests below joined them); `make test-all` runs them.
 HEAVY_MODULES = {
     "test_tensor_parallel": "three engines in subprocesses, one of them two TP workers",
     "test_architectures": "an engine per model architecture",
@@ -28,13 +29,19 @@ HEAVY_MODULES = {
     "test_blend_bfloat16": "a bfloat16 engine (about 3x slower where the CPU lacks native bfloat16)",
     "test_prefix_offload": "two engines one after the other",
 }
+# Single tests with an engine of their own whose rules unit tests check on vLLM's real scheduler
+# (tests/unit/integration): the e2e run adds the timing or the answers, at minutes each.
+HEAVY_TESTS = {
+    "test_a_blend_request_behind_a_running_prefill_and_a_waiting_one_goes_first": "three long prefills, timed",
+    "test_preempted_blend_request_answers_as_unpreempted": "200-token answers in a 16-block KV cache",
+}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
-            if item.path.stem in HEAVY_MODULES:
+            if item.path.stem in HEAVY_MODULES or item.originalname in HEAVY_TESTS:
                 item.add_marker(pytest.mark.heavy)
 
 

@@ -408,13 +408,28 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
             "run (the same requests on plain).")
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
-    alone = [f"High-hit requests sent again alone after the {run['server']} run at {run['load']}: "
+    alone = [line for run in data["runs"] for line in alone_lines(run)]
+    return [head, "", *lines, "", *gains, *alone, *instances_table(data)]
+
+
+def alone_lines(run: dict) -> list[str]:
+    """A Blend run's high-hit requests sent again alone (rag_traffic --alone): as they were, then
+    with their stream misses kept missing (runs since 2026-11-26 evening)."""
+    s = run["summary"]
+    if not s.get("alone_requests"):
+        return []
+    lines = [f"High-hit requests sent again alone after the {run['server']} run at {run['load']}: "
              f"{s['alone_requests']}, TTFT p50 {s['alone_ttft_p50_s']:.2f} s alone and {s['alone_stream_ttft_p50_s']:.2f} s "
              f"in the stream; stream / alone, median over them: {s['high_hit_vs_alone']:.2f}x (chunk blocks hit: "
              f"{s['alone_chunk_hit_rate']:.0%} alone, {s['alone_stream_chunk_hit_rate']:.0%} in the stream: alone they also "
-             "find what they stored themselves)."
-             for run in data["runs"] if (s := run["summary"]).get("alone_requests")]
-    return [head, "", *lines, "", *gains, *alone, *instances_table(data)]
+             "find what they stored themselves)."]
+    if s.get("alone_same_misses_requests"):
+        lines.append(f"The same requests alone with the chunks they missed in the stream made new (the same work): "
+                     f"TTFT p50 {s['alone_same_misses_ttft_p50_s']:.2f} s alone; stream / alone, median over them: "
+                     f"**{s['high_hit_vs_alone_same_misses']:.2f}x** (chunk blocks hit: "
+                     f"{s['alone_same_misses_chunk_hit_rate']:.0%} alone, "
+                     f"{s['alone_same_misses_stream_chunk_hit_rate']:.0%} in the stream).")
+    return lines
 
 
 def same_answers(data: dict, load: str) -> str:

@@ -47,3 +47,17 @@ def test_relative_links_and_named_result_files_exist():
 def test_every_results_section_has_its_json():
     """A section of docs/results.md whose JSON is not in the repository would print "(not run)"."""
     assert "(not run)" not in make_results().results_page()
+
+
+def test_alone_lines_give_both_variants_when_the_run_has_them():
+    mr = make_results()
+    summary = {"alone_requests": 2, "alone_ttft_p50_s": 8.0, "alone_stream_ttft_p50_s": 20.0, "high_hit_vs_alone": 2.5,
+               "alone_chunk_hit_rate": 1.0, "alone_stream_chunk_hit_rate": 0.9}
+    run = {"server": "blend", "load": "c=2", "summary": summary}
+    assert len(mr.alone_lines(run)) == 1 and "2.50x" in mr.alone_lines(run)[0]
+    summary.update({"alone_same_misses_requests": 2, "alone_same_misses_ttft_p50_s": 11.0,
+                    "high_hit_vs_alone_same_misses": 1.8, "alone_same_misses_chunk_hit_rate": 0.9,
+                    "alone_same_misses_stream_chunk_hit_rate": 0.9})
+    first, second = mr.alone_lines(run)
+    assert "2.50x" in first and "**1.80x**" in second and "11.00 s" in second
+    assert mr.alone_lines({**run, "summary": {}}) == []

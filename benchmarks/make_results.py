@@ -409,7 +409,28 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
     alone = [line for run in data["runs"] for line in alone_lines(run)]
-    return [head, "", *lines, "", *gains, *alone, *instances_table(data)]
+    return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *instances_table(data)]
+
+
+def kl_lines(data: dict) -> list[str]:
+    """Per Blend run, its first answer tokens' KL to plain vLLM's on the same stream (runs with
+    --logprobs; the plain run of any load: the prompts do not depend on it)."""
+    if str(Path(__file__).parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).parent))
+    from rag_traffic import kl_summary
+
+    plain = next((r for r in data["runs"] if r["server"] == "plain"
+                  and any(x.get("first_logprobs") for x in r["records"])), None)
+    lines = []
+    for run in data["runs"]:
+        if run["server"] != "blend" or plain is None or not (k := kl_summary(run["records"], plain["records"])):
+            continue
+        blended = k["first_token_kl_blended_mean"]
+        lines.append(f"Next-token KL to plain vLLM (the first answer token, from both servers' top-20 lists: a lower "
+                     f"bound), Blend at {run['load']} against plain at {plain['load']}: mean {k['first_token_kl_mean']:.4f}"
+                     f" over {k['kl_requests']} requests, p90 {k['first_token_kl_p90']:.4f}; blended requests' mean "
+                     f"{'-' if blended is None else f'{blended:.4f}'} ({k['kl_blended_requests']}).")
+    return lines
 
 
 def alone_lines(run: dict) -> list[str]:

@@ -68,6 +68,7 @@ from pathlib import Path
 from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server, stop_server,
                       wait_healthy)
 from ucm.argparse_help import HelpFormatter
+from ucm.eval.metrics import top_k_kl
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
@@ -102,6 +103,9 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
     p.add_argument("--alone", type=int, default=8, metavar="N",
                    help="after each Blend run, send up to N of its high-hit requests again one at a time (0: none)")
+    p.add_argument("--logprobs", type=int, default=0, metavar="K",
+                   help="record each answer's first-token top-K log-probabilities (K <= the server's max_logprobs, "
+                        "20): Blend's next-token KL to plain vLLM's run of the same stream (a lower bound)")
     p.add_argument("--seed", type=int, default=0, help="of the stream and the arrival times")
     p.add_argument("--blend-config", default="{}",
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
@@ -231,9 +235,11 @@ def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
     return list(itertools.accumulate(rng.expovariate(rate) for _ in range(n)))
 
 
-async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int) -> dict:
+async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int, logprobs: int = 0) -> dict:
     token_ids, chunk_lengths = prompt
     body = {"model": model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "cache_salt": salt}
+    if logprobs:  # the first answer token's top-k, keyed by token id (two ids may print alike)
+        body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
     if blend:
         body["kv_transfer_params"] = {"ucm_chunk_lengths": chunk_lengths}
     start = time.perf_counter()
@@ -244,14 +250,16 @@ async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int
     decode = ((out.get("metrics") or {}).get("generation_time_ms") or 0.0) / 1000  # first to last token
     report = (out.get("kv_transfer_params") or {}).get("ucm") or {}
     details = out["usage"].get("prompt_tokens_details") or {}
-    return {"ttft_s": latency - decode, "latency_s": latency, "prompt_tokens": out["usage"]["prompt_tokens"],
+    first = {} if not logprobs else {"first_logprobs": [
+        [int(tok.rsplit(":", 1)[1]), lp] for tok, lp in out["choices"][0]["logprobs"]["top_logprobs"][0].items()]}
+    return {**first, "ttft_s": latency - decode, "latency_s": latency, "prompt_tokens": out["usage"]["prompt_tokens"],
             "cached_tokens": details.get("cached_tokens"), "chunk_blocks": report.get("chunk_blocks", 0),
             "chunk_hit_blocks": report.get("chunk_hit_blocks", 0), "chunk_hits": report.get("chunk_hits", []),
             "blended": bool(report.get("blended")),
             "fallback": report.get("fallback"), "text": out["choices"][0]["text"]}
 
 
-async def run_stream(clients, model, prompts, salt, blend, max_tokens, level, seed, on_record) -> float:
+async def run_stream(clients, model, prompts, salt, blend, max_tokens, level, seed, on_record, logprobs=0) -> float:
     """Every prompt in order, at fixed concurrency or at its Poisson arrival time, prompt i to
     clients[i % len(clients)]; the wall time."""
     kind, value = level
@@ -260,7 +268,7 @@ async def run_stream(clients, model, prompts, salt, blend, max_tokens, level, se
 
     async def one(i):
         sent = time.perf_counter() - start
-        rec = await send(clients[routes[i]], model, prompts[i], salt, blend, max_tokens)
+        rec = await send(clients[routes[i]], model, prompts[i], salt, blend, max_tokens, logprobs)
         on_record({"i": i, "start_s": sent, **rec, "end_s": time.perf_counter() - start})
 
     if kind == "concurrency":  # `value` workers take the prompts in order
@@ -361,6 +369,20 @@ def alone_summary(records, alone, key: str = "alone") -> dict:
             f"high_hit_vs_{key}": percentile([a / b for a, b in pairs], 0.5) if pairs else None}
 
 
+def kl_summary(records, reference) -> dict:
+    """First answer token's KL(reference || records), request by request (top_k_kl: a lower bound
+    from the top-K lists), over the requests both runs recorded lists for; {} without any."""
+    ref = {r["i"]: dict(r["first_logprobs"]) for r in reference if r.get("first_logprobs")}
+    kls = [(r["blended"], top_k_kl(ref[r["i"]], dict(r["first_logprobs"])))
+           for r in records if r.get("first_logprobs") and r["i"] in ref]
+    if not kls:
+        return {}
+    blended = [k for b, k in kls if b]
+    return {"kl_requests": len(kls), "first_token_kl_mean": sum(k for _, k in kls) / len(kls),
+            "first_token_kl_p90": percentile([k for _, k in kls], 0.9), "kl_blended_requests": len(blended),
+            "first_token_kl_blended_mean": sum(blended) / len(blended) if blended else None}
+
+
 def instance_summary(records, instances: int) -> dict:
     """Per instance: chunk hit rate and vLLM's cached share; the passages first seen elsewhere (see
     passages_first_seen_elsewhere) and the chunk hit rate of the requests with some, and of the rest."""
@@ -402,6 +424,8 @@ def finish(results: dict) -> None:
                                         results["config"].get("instances", 1)))
         run["summary"].update(alone_summary(run["records"], run.get("alone")))
         run["summary"].update(alone_summary(run["records"], run.get("alone_same_misses"), "alone_same_misses"))
+        if server == "blend" and (plain := runs.get(("plain", load))):
+            run["summary"].update(kl_summary(run["records"], plain["records"]))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
                                  "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
                           for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
@@ -518,7 +542,7 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
                 out.write_text(json.dumps(results, indent=1))
 
             run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level, args.seed,
-                                             on_record)
+                                             on_record, args.logprobs)
             run["summary"] = store_summary(before, sum_counters(urls), store)
             if blend and args.alone:  # after the run's counters: these requests are not part of it
                 run["alone"], run["alone_same_misses"] = [], []

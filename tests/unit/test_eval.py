@@ -388,3 +388,23 @@ def test_indexing_with_related_context_puts_it_between_system_and_passage():
     assert sent[0][1].extra_args["kv_transfer_params"]["ucm_chunk_lengths"] == [2, len(ctx), 3]
     assert sent[1][0]["prompt_token_ids"] == [1, 2, 20, 2]  # no related passage: as without context
     assert sent[1][1].extra_args["kv_transfer_params"]["ucm_chunk_lengths"] == [2, 2]
+
+
+def test_top_k_kl_is_exact_on_whole_lists_and_a_lower_bound_on_top_k():
+    import math
+    import torch
+    from ucm.eval.measure import mean_kl
+    from ucm.eval.metrics import top_k_kl
+
+    g = torch.Generator().manual_seed(0)
+    p, q = (torch.log_softmax(2 * torch.randn(50, generator=g), 0) for _ in range(2))
+    full = mean_kl([p], [q])
+    as_dict = lambda x, k: dict(zip(*(v.tolist() for v in reversed(torch.topk(x, k)))))  # noqa: E731
+    assert top_k_kl(as_dict(p, 50), as_dict(p, 50)) == 0.0
+    assert top_k_kl(as_dict(p, 50), as_dict(q, 50)) == pytest.approx(full, rel=1e-6)
+    for k in (1, 5, 20):
+        assert 0.0 <= top_k_kl(as_dict(p, k), as_dict(q, k)) <= full + 1e-9
+    # no token in both lists: one bin holds everything, and the bound says nothing
+    assert top_k_kl({1: math.log(0.1)}, {2: math.log(0.5)}) == 0.0
+    assert top_k_kl({1: math.log(0.1)}, {1: math.log(0.5)}) == pytest.approx(
+        0.1 * math.log(0.1 / 0.5) + 0.9 * math.log(0.9 / 0.5))

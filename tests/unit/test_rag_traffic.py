@@ -312,3 +312,40 @@ def test_counters_are_read_from_prometheus_text_summed_over_engines(rt):
     Gauge("vllm:ucm_not_a_counter", "gauge", registry=registry).set(3)
     text = generate_latest(registry).decode()
     assert sys.modules["_serving"].parse_counters(text) == {"load_seconds": 1.75, "loaded_blocks": 7.0}
+
+
+class _LogprobClient:
+    """Answers like vLLM's completions endpoint with logprobs and return_tokens_as_token_ids."""
+
+    def __init__(self, top):
+        self.top, self.bodies = top, []
+
+    async def post(self, path, json):
+        self.bodies.append(json)
+        body = {"usage": {"prompt_tokens": 1}, "metrics": {}, "choices": [{"text": "a", "logprobs": {
+            "top_logprobs": [{f"token_id:{t}": lp for t, lp in self.top.items()}, {"token_id:9": -0.1}]}}]}
+        return SimpleNamespace(raise_for_status=lambda: None, json=lambda: body)
+
+
+def test_send_records_the_first_tokens_top_k_by_token_id_only_when_asked(rt):
+    client = _LogprobClient({5: -0.2, 7: -1.8})
+    rec = asyncio.run(rt.send(client, "m", ([1, 2], [2]), "salt", False, 2, logprobs=2))
+    assert client.bodies[0]["logprobs"] == 2 and client.bodies[0]["return_tokens_as_token_ids"] is True
+    assert rec["first_logprobs"] == [[5, -0.2], [7, -1.8]]
+    rec = asyncio.run(rt.send(client, "m", ([1, 2], [2]), "salt", False, 2))
+    assert "logprobs" not in client.bodies[1] and "first_logprobs" not in rec
+
+
+def test_kl_summary_pairs_requests_by_index_and_splits_out_the_blended(rt):
+    import math
+    same = [[1, math.log(0.7)], [2, math.log(0.2)]]
+    other = [[1, math.log(0.2)], [2, math.log(0.7)]]
+    plain = [{"i": 0, "first_logprobs": same}, {"i": 1, "first_logprobs": same}, {"i": 2}]
+    blend = [{"i": 1, "blended": True, "first_logprobs": other}, {"i": 0, "blended": False, "first_logprobs": same},
+             {"i": 2, "blended": True, "first_logprobs": other}]  # request 2: plain recorded no list
+    s = rt.kl_summary(blend, plain)
+    expected = 0.7 * math.log(0.7 / 0.2) + 0.2 * math.log(0.2 / 0.7)
+    assert s["kl_requests"] == 2 and s["kl_blended_requests"] == 1
+    assert s["first_token_kl_blended_mean"] == pytest.approx(expected)
+    assert s["first_token_kl_mean"] == pytest.approx(expected / 2)
+    assert rt.kl_summary(blend, [{"i": 0}]) == {}

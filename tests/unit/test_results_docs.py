@@ -61,3 +61,17 @@ def test_alone_lines_give_both_variants_when_the_run_has_them():
     first, second = mr.alone_lines(run)
     assert "2.50x" in first and "**1.80x**" in second and "11.00 s" in second
     assert mr.alone_lines({**run, "summary": {}}) == []
+
+
+def test_kl_lines_compare_blend_with_a_plain_run_of_any_load_that_recorded_logprobs():
+    import math
+    mr = make_results()
+    p, q = [[1, math.log(0.5)], [2, math.log(0.4)]], [[1, math.log(0.4)], [2, math.log(0.5)]]
+    plain = {"server": "plain", "load": "c=2", "records": [{"i": 0, "first_logprobs": p}, {"i": 1, "first_logprobs": p}]}
+    blend = {"server": "blend", "load": "c=4", "records": [{"i": 0, "blended": True, "first_logprobs": q},
+                                                          {"i": 1, "blended": False, "first_logprobs": p}]}
+    (line,) = mr.kl_lines({"runs": [blend, plain]})
+    kl = 0.5 * math.log(0.5 / 0.4) + 0.4 * math.log(0.4 / 0.5)
+    assert "Blend at c=4 against plain at c=2" in line and f"mean {kl / 2:.4f} over 2 requests" in line
+    assert f"blended requests' mean {kl:.4f} (1)" in line
+    assert mr.kl_lines({"runs": [blend, {**plain, "records": [{"i": 0}]}]}) == []

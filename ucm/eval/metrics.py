@@ -1,7 +1,9 @@
-"""SQuAD-style answer F1, the metric CacheBlend reports for MuSiQue and friends."""
+"""Answer metrics: SQuAD-style F1 (what CacheBlend reports for MuSiQue and friends) and a
+next-token KL from the top-k lists a server returns."""
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -56,3 +58,18 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     tail = (1.0 - level) / 2
     lo, hi = np.quantile(means, [tail, 1.0 - tail])
     return float(lo), float(hi)
+
+
+def top_k_kl(reference: dict[int, float], other: dict[int, float]) -> float:
+    """KL(reference || other) from two top-k next-token lists (token id -> log-probability), as a
+    server returns them: over the tokens both lists show, plus one bin for every other token.
+    Merging tokens into one bin never increases a KL, so this is a lower bound of the full one,
+    exact when both lists cover the vocabulary."""
+    both = reference.keys() & other.keys()
+    p = [math.exp(reference[t]) for t in both]
+    q = [math.exp(other[t]) for t in both]
+    kl = sum(a * (reference[t] - other[t]) for a, t in zip(p, both))
+    p_rest, q_rest = 1.0 - sum(p), 1.0 - sum(q)
+    if p_rest > 1e-9:  # rounding leaves ~1e-16 where the lists are the whole distribution
+        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12)))
+    return max(0.0, kl)

@@ -184,6 +184,20 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_fair_alone.json", "The Zipf stream, 48 requests at concurrency 2, Blend with its high-hit "
+     "requests sent again alone after the run, as they were and with the chunks they missed in the stream kept "
+     "missing (--alone 8), first answer tokens' top-20 log-probabilities recorded (--logprobs 20); a host with "
+     "AVX-512; plain vLLM's run of the same stream right after it",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_fair_alone.json; then --servers plain --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_plain_s7.json", "rag_traffic_zipf48_c2_plain_s7.json"),
+    ("rag_traffic_zipf48_c4_fair_alone.json", "The same at concurrency 4, right after (plain vLLM's rows: its run at "
+     "concurrency 2, for the next-token KL; plain vLLM was not run at 4 in this session)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_fair_alone.json", "rag_traffic_zipf48_c2_plain_s7.json"),
+    ("rag_traffic_fresh_s7.json", "RAG stream with no reuse, same session: no passage sent twice",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_fresh_s7.json", None),
     ("rag_traffic_zipf20_alone_background.json", "chunk_store \"alone\" with missed chunks computed alone while the "
      "server is idle (background_chunks): the first 20 requests of the Zipf stream at Poisson arrivals, 0.015 "
      "requests/s, Blend only (answers scored afterwards: token F1 in the records)",
@@ -293,8 +307,8 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_avx2.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh.json", "a RAG stream of new passages only (no reuse")]
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_fair_alone.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                    ("rag_traffic_fresh_s7.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "

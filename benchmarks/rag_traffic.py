@@ -306,6 +306,8 @@ def store_summary(before: dict, after: dict, store: str | None) -> dict:
             "load_s": delta.get("load_seconds", 0.0), "dump_s": delta.get("dump_seconds", 0.0),
             "lookup_s": delta.get("lookup_seconds", 0.0),
             "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_") and v},
+            # steps whose Blend rows passed max_step_tokens (the scheduler admits within it: 0 expected)
+            "blend_steps_over_cap": int(delta.get("blend_steps_over_cap", 0)),
             # chunks computed alone while the server was idle (background_chunks, chunk_store "alone")
             "background": {k: int(v) for k, v in delta.items() if k.startswith("background_chunks_") and v},
             "store_bytes": sum(f.stat().st_size for f in files), "store_blocks": len(files),

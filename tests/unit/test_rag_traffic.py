@@ -349,3 +349,14 @@ def test_kl_summary_pairs_requests_by_index_and_splits_out_the_blended(rt):
     assert s["first_token_kl_blended_mean"] == pytest.approx(expected)
     assert s["first_token_kl_mean"] == pytest.approx(expected / 2)
     assert rt.kl_summary(blend, [{"i": 0}]) == {}
+
+
+def test_store_summary_takes_the_runs_deltas_and_counts_the_store_files(rt, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.kvb").write_bytes(b"12345")
+    before = {"dump_bytes": 100.0, "dumped_blocks": 1.0, "blend_fallbacks_few_hits": 2.0}
+    after = {"dump_bytes": 600.0, "dumped_blocks": 4.0, "blend_fallbacks_few_hits": 5.0, "blend_steps_over_cap": 0.0}
+    s = rt.store_summary(before, after, str(tmp_path))
+    assert s["dump_bytes"] == 500 and s["fallbacks"] == {"blend_fallbacks_few_hits": 3}
+    assert s["blend_steps_over_cap"] == 0 and s["store_blocks"] == 1 and s["store_bytes"] == 5
+    assert s["dumped_not_in_store"] == 3

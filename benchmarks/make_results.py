@@ -176,6 +176,12 @@ STUDY_RUNS = [
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_signed_rope.json", "Serving under load, concurrency 4, with loaded keys rotated backwards by vLLM's "
+     "fused kernel (signed_cos_sin_cache) instead of rotate_keys: right after the next section's run, same host",
+     "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_signed_rope.json"),
+    ("serve_bench_c4_s7.json", "Serving under load, concurrency 4 again, on a host with AVX-512 (2026-11-27, same "
+     "session as the RAG stream runs with --logprobs)",
+     "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_s7.json"),
     ("serve_bench_c4_rerun.json", "Serving under load, concurrency 4 again: after the probe's rows kept their KV and "
      "with the AVX2 attention kernel, on a host without AVX-512 (slower than the run above: compare ratios)",
      "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_rerun.json"),
@@ -184,6 +190,26 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf20_c2_signed_rope.json", "The 20-request stream's Blend run again with loaded keys rotated "
+     "backwards by vLLM's fused kernel (signed_cos_sin_cache), right after the replay below; plain vLLM's rows from "
+     "the same session's run",
+     "python benchmarks/rag_traffic.py --num-requests 20 --concurrency 2 --servers blend --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf20_c2_signed_rope.json", "rag_traffic_zipf20_c2_kl.json"),
+    ("rag_traffic_zipf20_c2_kl.json", "A 20-request Zipf stream (the same questions as the first 20 of the 48-request "
+     "stream, other noise passages and order), plain vLLM and Blend (chunk_store \"any\") at concurrency 2, first "
+     "answer tokens' top-20 log-probabilities recorded; the worker counts load_wait_seconds",
+     "python benchmarks/rag_traffic.py --num-requests 20 --concurrency 2 --servers plain,blend --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf20_c2_kl.json", None),
+    ("rag_traffic_zipf20_alone_background_kl.json", "The same 20 requests under chunk_store \"alone\" with missed "
+     "chunks computed alone while the server is idle, Poisson arrivals at 0.015 requests/s, Blend only (plain "
+     "vLLM's rows: the section above's, for the next-token KL; throughput not comparable)",
+     "python benchmarks/rag_traffic.py --num-requests 20 --rates 0.015 --servers blend --alone 0 --logprobs 20 "
+     "--blend-config '{\"chunk_store\": \"alone\"}' --out benchmarks/results/rag_traffic_zipf20_alone_background_kl.json",
+     "rag_traffic_zipf20_c2_kl.json"),
+    ("rag_traffic_zipf20_any_c2_kl.json", "The same 20 requests under \"any\" once more, Blend only, while py-spy "
+     "sampled the server (docs/research.md)",
+     "python benchmarks/rag_traffic.py --num-requests 20 --concurrency 2 --servers blend --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf20_any_c2_kl.json", "rag_traffic_zipf20_c2_kl.json"),
     ("rag_traffic_zipf48_c2_fair_alone.json", "The Zipf stream, 48 requests at concurrency 2, Blend with its high-hit "
      "requests sent again alone after the run, as they were and with the chunks they missed in the stream kept "
      "missing (--alone 8), first answer tokens' top-20 log-probabilities recorded (--logprobs 20); a host with "

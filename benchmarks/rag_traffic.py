@@ -303,7 +303,8 @@ def store_summary(before: dict, after: dict, store: str | None) -> dict:
     files = list(Path(store).rglob("*.kvb")) if store else []
     return {"dump_bytes": int(delta.get("dump_bytes", 0)), "load_bytes": int(delta.get("load_bytes", 0)),
             # worker time: before the forward (loads), after it (dumps); scheduler time in lookups
-            "load_s": delta.get("load_seconds", 0.0), "dump_s": delta.get("dump_seconds", 0.0),
+            "load_s": delta.get("load_seconds", 0.0), "load_wait_s": delta.get("load_wait_seconds", 0.0),
+            "dump_s": delta.get("dump_seconds", 0.0),
             "lookup_s": delta.get("lookup_seconds", 0.0),
             "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_") and v},
             # steps whose Blend rows passed max_step_tokens (the scheduler admits within it: 0 expected)

@@ -195,3 +195,30 @@ def test_supported_rope_types(params):
 def test_unsupported_rope_types(params):
     with pytest.raises(ValueError, match="CacheBlend cannot shift"):
         check_rope_supports_delta(params)
+
+
+@pytest.mark.parametrize("name", ["default-1e5", "llama3", "gptj"])
+def test_fused_kernel_rotates_backwards_through_the_signed_cache(vllm_ctx, name):
+    """vLLM's fused rotary op reads rotations at positions >= 0 only: with the sin-negated rows
+    of signed_cos_sin_cache it rotates by negative deltas too, as rotate_keys does."""
+    from vllm import _custom_ops as ops
+
+    from ucm.sparse.blend.rope import signed_cos_sin_cache, signed_positions
+
+    rope, neox = make_rope(name)
+    cache = rope.cos_sin_cache.float()
+    g = torch.Generator().manual_seed(3)
+    n, heads = 256, 3
+    delta = torch.randint(-1000, 1000, (n,), generator=g)
+    assert (delta < 0).any() and (delta > 0).any()
+    k = torch.randn(n, heads, HEAD, generator=g)
+    expected = rotate_keys(k, delta, cache, neox)
+    rows = k.clone().reshape(n, heads * HEAD)
+    try:
+        ops.rotary_embedding(signed_positions(delta, cache.shape[0]), rows, None, HEAD,
+                             signed_cos_sin_cache(cache), neox)
+    except (AttributeError, RuntimeError, NotImplementedError) as e:  # probe: no CPU kernel in this build
+        pytest.skip(f"vLLM's rotary_embedding op is not available here: {e}")
+    assert rel_err(rows.view(n, heads, HEAD), expected) < 1e-5
+    with pytest.raises(ValueError, match="exceeds the cos/sin cache"):
+        signed_positions(torch.tensor([-cache.shape[0]]), cache.shape[0])

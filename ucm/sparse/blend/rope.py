@@ -196,3 +196,20 @@ def fp32_cos_sin_cache(rotary_emb: torch.nn.Module) -> torch.Tensor:
     if compute is None:
         return buf.float()
     return compute().to(device=buf.device, dtype=torch.float32)
+
+
+def signed_cos_sin_cache(cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """``[2 * max_position, rotary_dim]``: the cache, then the same rows with sin negated (a
+    rotation by -d is cos(d), -sin(d)). With `signed_positions`, a kernel that only reads
+    rotations at non-negative positions (vLLM's fused rotary op) rotates backwards too."""
+    cos, sin = cos_sin_cache.chunk(2, dim=-1)
+    return torch.cat([cos_sin_cache, torch.cat([cos, -sin], dim=-1)])
+
+
+def signed_positions(delta: torch.Tensor, max_position: int) -> torch.Tensor:
+    """Rows of `signed_cos_sin_cache` for rotations by ``delta``: d for d >= 0, max_position - d
+    for d < 0. Raises where ``|delta|`` passes the cache."""
+    if delta.numel() and int(delta.abs().max()) >= max_position:
+        raise ValueError(f"|delta| up to {int(delta.abs().max())} exceeds the cos/sin cache ({max_position} "
+                         "positions); the blended prompt is longer than the model's max position")
+    return torch.where(delta >= 0, delta, max_position - delta)

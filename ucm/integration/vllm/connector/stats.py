@@ -53,6 +53,7 @@ COUNTERS: dict[str, str] = {
     "dump_timeout_blocks": "Blocks whose store dump passed dump_timeout_s (not waited for; recomputed if not stored)",
     "load_bytes": "Bytes loaded from the store",
     "load_seconds": "Seconds spent loading and placing KV before the forward",
+    "load_wait_seconds": "Of load_seconds, the seconds the worker waited for the store's reads",
     "dumped_blocks": "Blocks handed to the store",
     "dump_seconds": "Seconds the worker spent gathering KV for dumps and handing it to the store, after the forward",
     "dumps_dropped": "Blocks not handed to the store because its queue of unwritten dumps was full (dump_queue_mb)",

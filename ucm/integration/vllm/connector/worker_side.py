@@ -8,6 +8,7 @@ and the chunk blocks of a step load back to back into one staging tensor.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -19,7 +20,7 @@ from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
-from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys
+from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys, signed_cos_sin_cache, signed_positions
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey, shard_key
 
@@ -217,7 +218,9 @@ class WorkerSide:
         destinations += [self.block_tensor(ld.num_tokens) for _, ld in prefix]
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
         task = self.store.load(keys, [_bytes_view(d) for d in destinations])
+        waited = time.perf_counter()
         ok = self.store.wait(task)
+        self.stats.add("load_wait_seconds", time.perf_counter() - waited)
         if task.timed_out:  # IO threads may still write the staging buffer: never reuse it
             self._staging_buf = None
             self.stats.add("load_timeout_blocks", len(keys) - sum(ok))
@@ -304,14 +307,15 @@ class WorkerSide:
     def _shift_keys_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.
 
-        Loads only shift forward (delta >= 0), which vLLM's fused rotary kernel does for all layers
-        in one pass right in the staging buffer: each (token, layer) is a row of H heads, rows a
-        fixed stride apart. Half-precision keys are rotated in a float32 copy (float32 cos/sin,
-        one rounding). Other cases (dumps shift back) go through rotate_keys and a copy.
+        vLLM's fused rotary kernel does it for all layers in one pass right in the staging
+        buffer: each (token, layer) is a row of H heads, rows a fixed stride apart. The kernel
+        reads rotations at non-negative positions only: a chunk that moved to an earlier position
+        (negative delta, half the chunks of a reordered prompt) reads the sin-negated half of
+        `signed_cos_sin_cache`. Half-precision keys are rotated in a float32 copy (float32
+        cos/sin, one rounding). Other cases (a partial rotary width) go through rotate_keys.
         """
         num_tokens, num_layers, heads, head_size = k.shape
-        fused = (k.device.type == "cpu" and num_tokens > 0 and self._rotary_dim == head_size
-                 and int(delta.min()) >= 0)
+        fused = k.device.type == "cpu" and num_tokens > 0 and self._rotary_dim == head_size
         if fused:
             from vllm import _custom_ops as ops
 
@@ -321,14 +325,20 @@ class WorkerSide:
             if k.dtype != self._cos_sin.dtype or not rows_evenly_spaced:
                 work = self._rope_work(k.shape).copy_(k)
             rows = work.as_strided((num_tokens * num_layers, heads * head_size), (work.stride(1), 1))
-            ops.rotary_embedding(delta.repeat_interleave(num_layers), rows, None, head_size, self._cos_sin,
-                                 self._is_neox)
+            positions = signed_positions(delta, self._cos_sin.shape[0])
+            ops.rotary_embedding(positions.repeat_interleave(num_layers), rows, None, head_size,
+                                 self._signed_cos_sin, self._is_neox)
             if work is not k:
                 k.copy_(work)
             return
         rotated = rotate_keys(k.reshape(num_tokens, num_layers * heads, head_size), delta, self._cos_sin,
                               self._is_neox, self._rotary_dim)
         k.copy_(rotated.view(num_tokens, num_layers, heads, head_size))
+
+    @functools.cached_property
+    def _signed_cos_sin(self) -> torch.Tensor:
+        """The cos/sin cache, then its rows with sin negated (rotations backwards)."""
+        return signed_cos_sin_cache(self._cos_sin)
 
     def _rope_work(self, shape: torch.Size) -> torch.Tensor:
         """A reused float32 buffer for rotating half-precision keys (a fresh one costs page faults:

@@ -65,7 +65,7 @@ def top_k_kl(reference: dict[int, float], other: dict[int, float]) -> float:
     server returns them: over the tokens both lists show, plus one bin for every other token.
     Merging tokens into one bin never increases a KL, so this is a lower bound of the full one,
     exact when both lists cover the vocabulary."""
-    both = reference.keys() & other.keys()
+    both = list(reference.keys() & other.keys())
     p = [math.exp(reference[t]) for t in both]
     q = [math.exp(other[t]) for t in both]
     kl = sum(a * (reference[t] - other[t]) for a, t in zip(p, both))

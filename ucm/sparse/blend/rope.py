@@ -92,6 +92,15 @@ def check_rope_supports_delta(rope_parameters: Mapping[str, Any] | None) -> None
         )
 
 
+def check_delta_bounds(delta: torch.Tensor, max_position: int) -> None:
+    """Raises unless every ``|delta|`` has a row in a cos/sin cache of ``max_position`` rows
+    (costs a device sync)."""
+    max_abs = int(delta.abs().max()) if delta.numel() else 0
+    if max_abs >= max_position:
+        raise ValueError(f"|delta| up to {max_abs} exceeds the cos/sin cache ({max_position} positions); "
+                         "the blended prompt is longer than the model's max position")
+
+
 def rotate_keys(
     k: torch.Tensor,
     delta: torch.Tensor,
@@ -135,13 +144,7 @@ def rotate_keys(
         return k.clone()
 
     if check_bounds:
-        max_abs = int(delta.abs().max())
-        if max_abs >= cos_sin_cache.shape[0]:
-            raise ValueError(
-                f"|delta| up to {max_abs} exceeds the cos/sin cache "
-                f"({cos_sin_cache.shape[0]} positions); the blended prompt is longer "
-                "than the model's max position"
-            )
+        check_delta_bounds(delta, cos_sin_cache.shape[0])
 
     return Rotation.of(delta, cos_sin_cache, is_neox_style).apply(k)
 
@@ -209,7 +212,5 @@ def signed_cos_sin_cache(cos_sin_cache: torch.Tensor) -> torch.Tensor:
 def signed_positions(delta: torch.Tensor, max_position: int) -> torch.Tensor:
     """Rows of `signed_cos_sin_cache` for rotations by ``delta``: d for d >= 0, max_position - d
     for d < 0. Raises where ``|delta|`` passes the cache."""
-    if delta.numel() and int(delta.abs().max()) >= max_position:
-        raise ValueError(f"|delta| up to {int(delta.abs().max())} exceeds the cos/sin cache ({max_position} "
-                         "positions); the blended prompt is longer than the model's max position")
+    check_delta_bounds(delta, max_position)
     return torch.where(delta >= 0, delta, max_position - delta)

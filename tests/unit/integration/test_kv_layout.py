@@ -472,3 +472,28 @@ def test_kv_shift_plan_moves_left_out_rows_by_their_chunks_mean_error(cpu_op, is
     assert torch.allclose(v[half].float(), (fresh_v - err_v[chunk] / 2)[half], atol=tol)
     assert torch.equal(k[~moved], before[0][~moved]) and torch.equal(v[~moved], before[1][~moved])
     assert int((cache != 0).sum()) <= 2 * n * H * D  # nothing written outside the rows
+
+
+@pytest.mark.parametrize(("backend", "isa", "kbs", "dtype"),
+                         [("CPU_ATTN", "vec", 16, torch.float32), ("CPU_ATTN", "vec16", 16, torch.bfloat16),
+                          ("CPU_ATTN", "amx", 32, torch.bfloat16), ("FLASH_ATTN", None, 16, torch.float32)],
+                         ids=["cpu-vec", "cpu-vec16", "cpu-amx", "flash"])
+def test_gather_layers_into_matches_gather(backend, isa, kbs, dtype):
+    """A dump's block tensor [n, layers, 2, H, D]: equal to per-layer `gather` for slots that start
+    mid-page, cross pages and manager blocks, jump back, and for a lone slot."""
+    gen = torch.Generator().manual_seed(12)
+    caches = [_rand((6, H, kbs, 2 * D), dtype, gen) for _ in range(3)]
+    layout = layout_for(caches[0], backend, 2 * kbs, H, D, **({"isa": isa} if isa else {}))
+    table = torch.tensor([2, 0])  # manager blocks of two kernel blocks: kernel blocks 4, 5, 0, 1
+    cases = [
+        slots_for_positions(table, torch.arange(3, 3 + 2 * kbs + 5), 2 * kbs),
+        torch.tensor([7, 8, 9, 3 * kbs + 1, 3 * kbs + 2, 0]),
+        torch.tensor([kbs - 1]),
+        torch.empty(0, dtype=torch.long),
+    ]
+    for slots in cases:
+        out = torch.full((len(slots), len(caches), 2, H, D), float("nan"), dtype=dtype)
+        layout.gather_layers_into(caches, slots, out)
+        for layer, cache in enumerate(caches):
+            k, v = layout.gather(cache, slots)
+            assert torch.equal(out[:, layer, 0], k) and torch.equal(out[:, layer, 1], v)

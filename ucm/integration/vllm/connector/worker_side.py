@@ -412,8 +412,7 @@ class WorkerSide:
         assert self.layout is not None
         slots = self._slots(req, dump.start, dump.num_tokens).to(self._device)
         out = self.block_tensor(dump.num_tokens)
-        for layer, cache in enumerate(self.caches):
-            out[:, layer, 0], out[:, layer, 1] = self.layout.gather(cache, slots)
+        self.layout.gather_layers_into(self.caches, slots, out)
         if dump.rope_delta:
             delta = torch.full((dump.num_tokens,), -dump.rope_delta, dtype=torch.long)
             self._shift_keys_(out[:, :, 0], delta)

@@ -176,6 +176,9 @@ STUDY_RUNS = [
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_s8.json", "Serving under load, concurrency 4, after dump gathers became page-to-block copies "
+     "(2026-11-27, a later session on an AVX-512 host, right after the RAG stream runs below)",
+     "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_s8.json"),
     ("serve_bench_c4_signed_rope.json", "Serving under load, concurrency 4, with loaded keys rotated backwards by vLLM's "
      "fused kernel (signed_cos_sin_cache) instead of rotate_keys: right after the next section's run, same host",
      "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_signed_rope.json"),
@@ -190,6 +193,21 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_no_threshold.json", "The Zipf stream, 48 requests at concurrency 2, Blend without the "
+     "connector's long_prefill_token_threshold (BlendFirstScheduler admits blend requests itself; the default since "
+     "this run), the same session as the next section's runs; plain vLLM's rows from there",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 0 --logprobs 20 "
+     "--serve-args '--long-prefill-token-threshold 2048' "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_no_threshold.json", "rag_traffic_zipf48_c2_plain_s8.json"),
+    ("rag_traffic_zipf48_c2_s8.json", "The Zipf stream, 48 requests at concurrency 2, a later session (2026-11-27, "
+     "AVX-512 host): loaded keys rotated backwards by vLLM's fused kernel, dump gathers as page-to-block copies; "
+     "plain vLLM's run of the same stream right after it",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_s8.json; then --servers plain --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_plain_s8.json", "rag_traffic_zipf48_c2_plain_s8.json"),
+    ("rag_traffic_fresh_s8.json", "RAG stream with no reuse, the same session: no passage sent twice",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_fresh_s8.json", None),
     ("rag_traffic_zipf20_c2_signed_rope.json", "The 20-request stream's Blend run again with loaded keys rotated "
      "backwards by vLLM's fused kernel (signed_cos_sin_cache), right after the replay below; plain vLLM's rows from "
      "the same session's run",
@@ -333,8 +351,8 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_fair_alone.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh_s7.json", "a RAG stream of new passages only (no reuse")]
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_no_threshold.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                    ("rag_traffic_fresh_s8.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
@@ -452,13 +470,19 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *instances_table(data)]
 
 
+def _rag_traffic():
+    """rag_traffic.py, the one source of its summaries' rules (KL, which requests are high-hit)."""
+    if str(Path(__file__).parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).parent))
+    import rag_traffic
+
+    return rag_traffic
+
+
 def kl_lines(data: dict) -> list[str]:
     """Per Blend run, its first answer tokens' KL to plain vLLM's on the same stream (runs with
     --logprobs; the plain run of any load: the prompts do not depend on it)."""
-    if str(Path(__file__).parent) not in sys.path:
-        sys.path.insert(0, str(Path(__file__).parent))
-    from rag_traffic import kl_summary
-
+    kl_summary = _rag_traffic().kl_summary
     plain = next((r for r in data["runs"] if r["server"] == "plain"
                   and any(x.get("first_logprobs") for x in r["records"])), None)
     lines = []
@@ -534,7 +558,7 @@ def _high_hit_from(plain: dict, blend: dict | None) -> dict:
     (rag_traffic.py marks them only within one invocation); only their TTFT p50 is shown."""
     if blend is None or plain["summary"]["high_hit_requests"]:
         return plain
-    high = {r["i"] for r in blend["records"] if r["chunk_blocks"] and r["chunk_hit_blocks"] >= 0.8 * r["chunk_blocks"]}
+    high = _rag_traffic().high_hit_requests(blend["records"])
     ttft = [r["ttft_s"] for r in plain["records"] if r["i"] in high]
     summary = {**plain["summary"], "high_hit_requests": len(ttft),
                "high_hit_ttft_p50_s": statistics.median(ttft) if ttft else None}

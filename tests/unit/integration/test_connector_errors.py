@@ -98,9 +98,15 @@ def test_blend_leaves_room_in_each_step_for_blend_requests(model_dir, tmp_path):
     assert config.scheduler_config.long_prefill_token_threshold == budget - budget // 8
 
 
-@pytest.mark.parametrize("case", ["user_set", "no_blend", "producer"])
+@pytest.mark.parametrize("case", ["user_set", "no_blend", "producer", "blend_first"])
 def test_long_prefill_threshold_is_left_alone(model_dir, tmp_path, case):
+    """BlendFirstScheduler admits blend requests itself: a threshold would only make the prefills
+    that share a step slower (docs/serving.md)."""
+    from ucm.integration.vllm.connector.blend_first_scheduler import QUALNAME
+
     engine_kw = {"long_prefill_token_threshold": 512} if case == "user_set" else {}
+    if case == "blend_first":
+        engine_kw["scheduler_cls"] = QUALNAME
     config = vllm_config(model_dir, extra_config(tmp_path / "store", blend=case != "no_blend"), **engine_kw)
     if case == "producer":
         config.kv_transfer_config.kv_role = "kv_producer"

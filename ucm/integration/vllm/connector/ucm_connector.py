@@ -141,16 +141,18 @@ class UCMConnector(KVConnectorBase_V1):
                 cache.prefix_caching_hash_algo, vllm_config.scheduler_config.max_num_batched_tokens,
                 num_shards=vllm_config.parallel_config.tensor_parallel_size,
                 kv_role=vllm_config.kv_transfer_config.kv_role)
-            if blend is not None and self._scheduler.loads:
+            # BlendFirstScheduler admits blend requests ahead of running prefills itself: there a
+            # threshold would only slow every prefill that shares its steps (docs/serving.md).
+            if (blend is not None and self._scheduler.loads
+                    and not is_blend_first(vllm_config.scheduler_config.scheduler_cls)):
                 threshold = leave_room_for_blend(vllm_config.scheduler_config)
                 if threshold is not None:
                     logger.info("UCMConnector sets long_prefill_token_threshold=%d (max_num_batched_tokens less "
                                 "1/%d): a long prefill no longer holds back blend requests behind it; "
                                 "--long-prefill-token-threshold overrides it", threshold, HOL_RESERVE_DIVISOR)
-                if not is_blend_first(vllm_config.scheduler_config.scheduler_cls):
-                    logger.info("Blend runs with scheduler %s: blend requests wait behind running prefills; "
-                                "--scheduler-cls %s admits them first (docs/serving.md)",
-                                vllm_config.scheduler_config.scheduler_cls or "vLLM's default", BLEND_FIRST)
+                logger.info("Blend runs with scheduler %s: blend requests wait behind running prefills; "
+                            "--scheduler-cls %s admits them first (docs/serving.md)",
+                            vllm_config.scheduler_config.scheduler_cls or "vLLM's default", BLEND_FIRST)
         else:
             try:
                 self._worker = WorkerSide(

@@ -193,6 +193,12 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_s8.json", "The Zipf stream, 48 requests at concurrency 4, with this session's defaults "
+     "(no prefill threshold under BlendFirstScheduler), high-hit requests sent again alone (--alone 8); plain vLLM's "
+     "run of the same stream at concurrency 4 right after it",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_s8.json; then --servers plain --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_plain_s8.json", "rag_traffic_zipf48_c4_plain_s8.json"),
     ("rag_traffic_zipf48_c2_no_threshold.json", "The Zipf stream, 48 requests at concurrency 2, Blend without the "
      "connector's long_prefill_token_threshold (BlendFirstScheduler admits blend requests itself; the default since "
      "this run), the same session as the next section's runs; plain vLLM's rows from there",

@@ -193,6 +193,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_reused_buffers.json", "The Zipf stream, 48 requests at concurrency 2, Blend with its load "
+     "buffers reused (blocks read through a chunk reference or as exact prefix no longer go into fresh memory), "
+     "the same session; plain vLLM's rows from its run of the same stream",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_reused_buffers.json", "rag_traffic_zipf48_c2_plain_s8.json"),
     ("rag_traffic_zipf48_c4_s8.json", "The Zipf stream, 48 requests at concurrency 4, with this session's defaults "
      "(no prefill threshold under BlendFirstScheduler), high-hit requests sent again alone (--alone 8); plain vLLM's "
      "run of the same stream at concurrency 4 right after it",
@@ -357,7 +362,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_no_threshold.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_reused_buffers.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh_s8.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "

@@ -121,10 +121,7 @@ class WorkerSide:
         config = getattr(store, "config", None)
         self.dump_queue_bytes = int(getattr(config, "dump_queue_mb", 1024.0) * (1 << 20))
         self._blend_step: BlendStep | None = None
-        # Reused load buffers: [0] the chunk rows placed together, [1] blocks read whole to be trimmed
-        # (read through a chunk reference) or placed as the exact prefix.
-        self._staging_bufs: list[torch.Tensor | None] = [None, None]
-        self._rope_buf: torch.Tensor | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # see _reused
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self._cos_sin = self._is_neox = self._rotary_dim = None
         if check_layer is not None:
@@ -191,13 +188,19 @@ class WorkerSide:
         L, two, H, D = self._token_shape
         return torch.empty((num_tokens, L, two, H, D), dtype=self._dtype, device="cpu")
 
-    def _staging(self, num_tokens: int, which: int = 0) -> torch.Tensor:
-        """A reused [tokens, layers, 2, H, D] buffer: the store reads into fresh memory at about a
-        fifth of its speed into memory touched before (page faults), measured 1 against 6 GB/s."""
-        buf = self._staging_bufs[which]
-        if buf is None or buf.shape[0] < num_tokens:
-            buf = self._staging_bufs[which] = self.block_tensor(max(num_tokens, 2 * self.block_size))
-        return buf[:num_tokens]
+    def _reused(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The first ``shape[0]`` rows of a CPU buffer kept under ``name`` at the largest size asked
+        for. Fresh large allocations cost page faults: the store reads into fresh memory at about a
+        fifth of its speed into memory touched before (1 against 6 GB/s), and a fresh float32 copy
+        for the RoPE took 6x the copy itself (5.6k tokens)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < shape[0] or buf.shape[1:] != shape[1:] or buf.dtype != dtype:
+            buf = self._buffers[name] = torch.empty((max(shape[0], 2 * self.block_size), *shape[1:]), dtype=dtype)
+        return buf[: shape[0]]
+
+    def _staging(self, name: str, num_tokens: int) -> torch.Tensor:
+        """A reused [tokens, layers, 2, H, D] load buffer."""
+        return self._reused(name, (num_tokens, *self._token_shape), self._dtype)
 
     # ---- loads ---------------------------------------------------------------------------
 
@@ -210,12 +213,12 @@ class WorkerSide:
             return
         start = time.perf_counter()
         # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
-        # Chunk blocks land back to back in the staging tensor (a block partly covered by the
-        # exact prefix, or read in part through a reference, goes through its own buffer and is
-        # trimmed); prefix blocks get their own.
-        staging = self._staging(sum(ld.num_tokens - ld.skip for _, ld in chunks))
-        whole = self._staging(sum(ld.stored_rows for _, ld in chunks if not ld.whole)
-                              + sum(ld.num_tokens for _, ld in prefix), which=1)
+        # Chunk blocks land back to back in the staging tensor; a block partly covered by the
+        # exact prefix, or read in part through a reference, is read whole into a second buffer
+        # and trimmed into it; prefix blocks are read into that second buffer too.
+        staging = self._staging("chunk_rows", sum(ld.num_tokens - ld.skip for _, ld in chunks))
+        whole = self._staging("whole_blocks", sum(ld.stored_rows for _, ld in chunks if not ld.whole)
+                              + sum(ld.num_tokens for _, ld in prefix))
         destinations, offset, at = [], 0, 0
         for _, ld in chunks:
             n = ld.num_tokens - ld.skip
@@ -233,8 +236,9 @@ class WorkerSide:
         waited = time.perf_counter()
         ok = self.store.wait(task)
         self.stats.add("load_wait_seconds", time.perf_counter() - waited)
-        if task.timed_out:  # IO threads may still write the staging buffer: never reuse it
-            self._staging_bufs = [None, None]
+        if task.timed_out:  # IO threads may still write the load buffers: never reuse them
+            self._buffers.pop("chunk_rows", None)
+            self._buffers.pop("whole_blocks", None)
             self.stats.add("load_timeout_blocks", len(keys) - sum(ok))
 
         for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
@@ -353,12 +357,8 @@ class WorkerSide:
         return signed_cos_sin_cache(self._cos_sin)
 
     def _rope_work(self, shape: torch.Size) -> torch.Tensor:
-        """A reused float32 buffer for rotating half-precision keys (a fresh one costs page faults:
-        measured 6x slower than the copy itself for 5.6k tokens)."""
-        n = shape[0]
-        if self._rope_buf is None or self._rope_buf.shape[0] < n or self._rope_buf.shape[1:] != shape[1:]:
-            self._rope_buf = torch.empty((max(n, 2 * self.block_size), *shape[1:]), dtype=self._cos_sin.dtype)
-        return self._rope_buf[:n]
+        """A reused float32 buffer for rotating half-precision keys."""
+        return self._reused("rope", tuple(shape), self._cos_sin.dtype)
 
     def _distrust(self, req_id: str) -> None:
         """A load of this request failed: the rows computed over it must never reach the store."""

@@ -193,6 +193,22 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_short_regions.json", "The Zipf stream, 48 requests at concurrency 4, with only short "
+     "regions first (BlendFirstScheduler moves a blend request ahead only when its Blend work is at most one step "
+     "budget of rows, and its short step admits other blend requests only within that), the same session as the "
+     "next section; plain vLLM's rows from its run there",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_short_regions.json", "rag_traffic_zipf48_c4_plain_s9.json"),
+    ("rag_traffic_zipf48_c4_s9.json", "The Zipf stream, 48 requests at concurrency 4, a later session (2026-11-27, "
+     "the same kind of AVX-512 host) with the load buffers reused, high-hit requests sent again alone; plain vLLM's "
+     "run at concurrency 4 right after it",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 4 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_s9.json; then --servers plain --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_plain_s9.json", "rag_traffic_zipf48_c4_plain_s9.json"),
+    ("rag_traffic_zipf48_c2_plain_s9.json", "Plain vLLM alone on the Zipf stream at concurrency 2, right after the "
+     "runs above (how much plain vLLM moves between runs of one session: compare with its run at 4)",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers plain --alone 0 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_plain_s9.json", None),
     ("rag_traffic_zipf48_c2_reused_buffers.json", "The Zipf stream, 48 requests at concurrency 2, Blend with its load "
      "buffers reused (blocks read through a chunk reference or as exact prefix no longer go into fresh memory), "
      "the same session; plain vLLM's rows from its run of the same stream",

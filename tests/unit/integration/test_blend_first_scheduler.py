@@ -128,6 +128,27 @@ def test_vllm_alone_keeps_the_blend_request_behind_the_queue(scheduler, monkeypa
     assert "blend" not in out.num_scheduled_tokens and out.num_scheduled_tokens["long"] > bfs.BLEND_STEP_SHARE
 
 
+def test_a_blend_request_with_a_long_region_keeps_its_place(scheduler):
+    """Half its chunks hit: its region (misses and recomputed rows) runs more rows than vLLM's
+    step budget, so it is no short job and waits behind the queue as under vLLM's scheduler; a
+    request behind it with every chunk hit still goes first."""
+    mixed = prompt(1, chunks=8)
+    store_chunks(scheduler, prompt(1, chunks=4))  # the first 4 of its 8 chunks
+    add(scheduler, "long", prompt(2, chunks=12))
+    scheduler.schedule()
+    add(scheduler, "cold", prompt(3))
+    mixed_req = add(scheduler, "mixed", mixed)
+    assert scheduler.connector.scheduler_side.planned_blend_work(mixed_req) > BUDGET * bfs.SHORT_REGION_BUDGETS
+    out = scheduler.schedule()
+    assert "mixed" not in out.num_scheduled_tokens and out.num_scheduled_tokens["long"] > bfs.BLEND_STEP_SHARE
+    hit_tokens = prompt(4)
+    store_chunks(scheduler, hit_tokens)
+    add(scheduler, "hit", hit_tokens)
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens["hit"] >= 1 and out.num_scheduled_tokens["long"] == bfs.BLEND_STEP_SHARE
+    assert "mixed" not in out.num_scheduled_tokens
+
+
 def test_short_steps_in_a_row_are_bounded(scheduler):
     add(scheduler, "long", prompt(2, chunks=40))
     scheduler.schedule()

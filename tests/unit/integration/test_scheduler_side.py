@@ -657,18 +657,19 @@ def test_a_30k_token_prompt_with_one_cached_chunk_never_makes_a_giant_step(tmp_p
 
 
 def test_a_plan_made_ahead_is_made_again_once_old(tmp_path, monkeypatch):
-    """BlendFirstScheduler plans waiting requests ahead (plans_blend); vLLM's own question uses
+    """BlendFirstScheduler plans waiting requests ahead (planned_blend_work); vLLM's own question uses
     that plan while it is fresh, and a new one, which sees chunks stored since, once it is old."""
     import ucm.integration.vllm.connector.scheduler_side as scheduler_side
 
     side = side_for(tmp_path)
     tokens = prompt(3)
     req = request(side, "a", tokens)
-    assert not side.plans_blend(req)  # nothing stored yet
+    assert side.planned_blend_work(req) == 0  # nothing stored yet
     store_chunks(side, tokens)
-    assert not side.plans_blend(req)  # the held plan, still fresh
+    assert side.planned_blend_work(req) == 0  # the held plan, still fresh
     monkeypatch.setattr(scheduler_side, "HELD_PLAN_SECONDS", 0.0)
-    assert side.plans_blend(req)  # planned again: its chunks are in the store now
+    work = side.planned_blend_work(req)  # planned again: its chunks are in the store now
+    assert work == side._deferred["a"][1].work > 0
     monkeypatch.setattr(scheduler_side, "HELD_PLAN_SECONDS", 60.0)
     lookups = []
     side.store.lookup = lambda keys, _real=side.store.lookup: lookups.append(keys) or _real(keys)

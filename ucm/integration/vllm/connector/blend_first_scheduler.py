@@ -5,10 +5,14 @@ first come, first served: a blend request whose chunks are in the store (about a
 prefill's work) shares its step with `long_prefill_token_threshold` rows of every running prefill
 and waits behind every request that arrived before it. This subclass asks the connector about the
 first BLEND_LOOKAHEAD waiting requests first (vLLM's own question later uses the plan made for
-it, while that is fresh). The first that would blend moves to the head of the queue (FCFS policy
+it, while that is fresh). The first that would blend with a short region (its Blend work, in rows,
+at most SHORT_REGION_BUDGETS of vLLM's step budget) moves to the head of the queue (FCFS policy
 only), and in that step every other prefill, running or waiting, gets at most BLEND_STEP_SHARE
 tokens: shortest job first, one step at a time, at most MAX_SHORT_STEPS_IN_ROW steps in a row.
-Decodes keep their token.
+Decodes keep their token, and other blend requests join the step while its Blend work stays
+within that bound. A blend request with a longer region (many misses) is no short job: it keeps its
+place, as under vLLM's scheduler, so that the prefills it would hold back do not wait for it
+(docs/research.md, "Only short regions go first").
 
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used
@@ -35,6 +39,9 @@ from ucm.integration.vllm.connector.background_chunks import BackgroundChunk
 # Tokens every other prefill keeps in a step that admits a blend request. vLLM reads a threshold
 # of 0 as "no limit", so the smallest share is one token.
 BLEND_STEP_SHARE = 1
+# A waiting blend request goes first only if its region runs at most this many of vLLM's step
+# budgets of rows (about the time of one of vLLM's steps): a request with most of its chunks hit.
+SHORT_REGION_BUDGETS = 1.0
 # Short steps in a row at most: then one step of vLLM's own, so a stream of blend requests
 # cannot starve the prefills it holds back.
 MAX_SHORT_STEPS_IN_ROW = 4
@@ -79,18 +86,20 @@ class BlendFirstScheduler(Scheduler):
             self._short_in_row = 0
             return super().schedule(*args, **kwargs)
         self._short_in_row += 1
-        config = self.scheduler_config
-        saved = config.long_prefill_token_threshold
+        config, side = self.scheduler_config, self.connector.scheduler_side
+        saved, saved_cap = config.long_prefill_token_threshold, side.admit_cap
         config.long_prefill_token_threshold = BLEND_STEP_SHARE
-        self.connector.scheduler_side.stats.add("blend_first_steps")
+        # Other blend requests join the step only while its Blend work stays short.
+        side.admit_cap = min(saved_cap, self._short_region_rows())
+        side.stats.add("blend_first_steps")
         try:
             return super().schedule(*args, **kwargs)
         finally:
-            config.long_prefill_token_threshold = saved
+            config.long_prefill_token_threshold, side.admit_cap = saved, saved_cap
 
     def _blend_request_first(self) -> bool:
-        """Puts the first waiting request that would blend at the head of the queue; True when
-        there is one and another request shares the step with it."""
+        """Puts the first waiting request that would blend with a short region at the head of the
+        queue; True when there is one and another request shares the step with it."""
         side = getattr(self.connector, "scheduler_side", None)
         if (side is None or not self.waiting or len(self.running) + len(self.waiting) < 2
                 or len(self.running) >= self.max_num_active_reqs):
@@ -98,8 +107,10 @@ class BlendFirstScheduler(Scheduler):
         # Only a FCFS queue is reordered; a priority queue is only asked about its head (and its
         # iterator copies the whole heap).
         fcfs = self.policy == SchedulingPolicy.FCFS
+        short = self._short_region_rows()
         for i, request in enumerate(islice(self.waiting, BLEND_LOOKAHEAD) if fcfs else [self.waiting.peek_request()]):
-            if request.status == RequestStatus.WAITING and side.plans_blend(request):
+            work = side.planned_blend_work(request) if request.status == RequestStatus.WAITING else 0
+            if 0 < work <= short:  # a longer region blends in its turn, as under vLLM's scheduler
                 if i > 0:
                     self.waiting.remove_request(request)
                     self.waiting.prepend_request(request)
@@ -109,6 +120,9 @@ class BlendFirstScheduler(Scheduler):
                 self._last_first = request.request_id
                 return True
         return False
+
+    def _short_region_rows(self) -> int:
+        return int(SHORT_REGION_BUDGETS * self.max_num_scheduled_tokens)
 
     # ---- chunks computed alone in the background ----------------------------------------
 

@@ -138,6 +138,9 @@ class SchedulerSide:
         self.stores = kv_role != "kv_consumer"
         # Rows the Blend forward may run beside vLLM's scheduled ones in one step.
         self.step_cap = self.blend.step_cap(step_budget) if self.blend else 0
+        # Blend rows admitted per step: the cap, lowered by BlendFirstScheduler for its short steps
+        # (a region is still planned, and cut, against step_cap).
+        self.admit_cap = self.step_cap
         self._step_work = 0  # committed this step (admitted blend requests)
         self._step_staged = 0  # loaded tokens staged this step (admitted blend requests)
         self.store = store
@@ -352,7 +355,7 @@ class SchedulerSide:
             if state is None:
                 return None, False
         if state.blending:
-            if self._step_work and (self._step_work + state.work > self.step_cap
+            if self._step_work and (self._step_work + state.work > self.admit_cap
                                     or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap):
                 self.stats.add("blend_deferrals")
                 self._deferred[request.request_id] = (num_computed_tokens, state)
@@ -366,20 +369,21 @@ class SchedulerSide:
         self._states[request.request_id] = state
         return state.blend_end - num_computed_tokens if state.blending else state.prefix_external, False
 
-    def plans_blend(self, request: Request) -> bool:
-        """Plans a waiting request before vLLM asks about it and says whether it would blend; the
-        plan is kept for vLLM's question (as a deferred request's is) when vLLM asks with no local
-        prefix hit. For a scheduler that gives a blend request's step to it (BlendFirstScheduler)."""
+    def planned_blend_work(self, request: Request) -> int:
+        """Plans a waiting request before vLLM asks about it: the rows its Blend region would run
+        (`region_work`), 0 when it would not blend. The plan is kept for vLLM's question (as a
+        deferred request's is) when vLLM asks with no local prefix hit. For a scheduler that gives
+        a blend request's step to it (BlendFirstScheduler)."""
         if (self.blend is None or not self.loads or request.request_id in self._states
                 or request.request_id in self._resumed or request.num_computed_tokens > 0):
-            return False
+            return 0
         state = self._held_plan(request.request_id, 0)
         if state is None:
             state = self._plan(request, 0, None)
             if state is None:
-                return False  # waits for this engine's dumps
+                return 0  # waits for this engine's dumps
             self._deferred[request.request_id] = (0, state)
-        return state.blending
+        return max(1, state.work) if state.blending else 0
 
     def _held_plan(self, req_id: str, num_computed_tokens: int) -> _RequestState | None:
         held = self._deferred.get(req_id)

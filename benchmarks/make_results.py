@@ -193,6 +193,10 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_short_regions.json", "The Zipf stream, 48 requests at concurrency 2, with only short "
+     "regions first, the same session as the runs below; plain vLLM's rows from its run at concurrency 2 there",
+     "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 8 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_short_regions.json", "rag_traffic_zipf48_c2_plain_s9.json"),
     ("rag_traffic_zipf48_c4_short_regions.json", "The Zipf stream, 48 requests at concurrency 4, with only short "
      "regions first (BlendFirstScheduler moves a blend request ahead only when its Blend work is at most one step "
      "budget of rows, and its short step admits other blend requests only within that), the same session as the "
@@ -378,7 +382,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_reused_buffers.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh_s8.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "

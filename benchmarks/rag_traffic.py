@@ -107,6 +107,10 @@ def parse_args(argv=None):
                    help="record each answer's first-token top-K log-probabilities (K <= the server's max_logprobs, "
                         "20): Blend's next-token KL to plain vLLM's run of the same stream (a lower bound)")
     p.add_argument("--seed", type=int, default=0, help="of the stream and the arrival times")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="untimed requests per server instance before its runs (the stream's first prompts under a "
+                        "tenant of their own: nothing they store is reused); a fresh server's first prompts run up to "
+                        "2x slower, which otherwise lands in TTFT p90")
     p.add_argument("--blend-config", default="{}",
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
@@ -257,6 +261,14 @@ async def send(http, model: str, prompt, salt: str, blend: bool, max_tokens: int
             "chunk_hit_blocks": report.get("chunk_hit_blocks", 0), "chunk_hits": report.get("chunk_hits", []),
             "blended": bool(report.get("blended")),
             "fallback": report.get("fallback"), "text": out["choices"][0]["text"]}
+
+
+async def warm_up(clients, model: str, prompts, n: int, blend: bool) -> None:
+    """Sends each instance the stream's first n prompts, untimed, under a tenant of their own (what
+    they store is never reused by the stream's tenant)."""
+    for client in clients:
+        for k in range(n):
+            await send(client, model, prompts[k % len(prompts)], f"{TENANT}-warmup", blend, 1)
 
 
 async def run_stream(clients, model, prompts, salt, blend, max_tokens, level, seed, on_record, logprobs=0) -> float:
@@ -526,6 +538,7 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=900)) for url in urls]
         model = (await clients[0].get("/v1/models")).json()["data"][0]["id"]
+        await warm_up(clients, model, prompts, args.warmup, server == "blend")
         for level in levels:
             load = f"{'c' if level[0] == 'concurrency' else 'r'}={level[1]:g}"
             salt, blend = f"{TENANT}-{load}", server == "blend"

@@ -171,7 +171,7 @@ def test_argument_defaults(rt):
     args = rt.parse_args([])
     assert (args.questions, args.zipf, args.noise, args.concurrency, args.rates) == (50, 1.1, 2, [2], None)
     assert args.servers == ["plain", "blend"] and args.max_tokens == 8 and args.instances == 1 and args.alone == 8
-    assert not args.fresh and not args.index and args.capacity_gb is None
+    assert not args.fresh and not args.index and args.capacity_gb is None and args.warmup == 0
     assert Path(args.out).parent != BENCHMARKS / "results"  # a scratch path unless --out says otherwise
     args = rt.parse_args(["--concurrency", "1,4", "--rates", "0.5,1", "--servers", "blend", "--capacity-gb", "2"])
     assert (args.concurrency, args.rates, args.servers, args.capacity_gb) == ([1, 4], [0.5, 1.0], ["blend"], 2.0)
@@ -283,6 +283,19 @@ def test_run_stream_sends_request_k_to_instance_k_mod_n(rt, level):
     assert sorted(clients[0].prompts) == [[k] for k in range(0, 9, 2)]
     assert sorted(clients[1].prompts) == [[k] for k in range(1, 9, 2)]
     assert sorted(r["i"] for r in records) == list(range(9))
+
+
+def test_warm_up_sends_each_instance_the_first_prompts_under_a_tenant_of_their_own(rt):
+    prompts = [([k], [1]) for k in range(3)]
+    clients = [_Client(), _Client()]
+    bodies = []
+    for c in clients:
+        c.post = lambda path, json, _post=c.post: bodies.append(json) or _post(path, json)
+    asyncio.run(rt.warm_up(clients, "m", prompts, 2, True))
+    assert [c.prompts for c in clients] == [[[0], [1]], [[0], [1]]]
+    assert {b["cache_salt"] for b in bodies} == {f"{rt.TENANT}-warmup"} and all("kv_transfer_params" in b for b in bodies)
+    asyncio.run(rt.warm_up(clients, "m", prompts, 0, True))
+    assert len(bodies) == 4
 
 
 def test_finish_and_table_with_two_instances(rt, capsys):

@@ -176,6 +176,9 @@ STUDY_RUNS = [
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_short_regions.json", "Serving under load, concurrency 4, with the load buffers reused and only "
+     "short regions first (2026-11-27, a third session on an AVX-512 host, right after the RAG stream runs below)",
+     "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_short_regions.json"),
     ("serve_bench_c4_s8.json", "Serving under load, concurrency 4, after dump gathers became page-to-block copies "
      "(2026-11-27, a later session on an AVX-512 host, right after the RAG stream runs below)",
      "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_s8.json"),
@@ -193,6 +196,10 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_fresh_warmup.json", "RAG stream with no reuse, the same session as the short-region runs below, "
+     "each server warmed up with one untimed request first (--warmup 1)",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --logprobs 20 --warmup 1 "
+     "--out benchmarks/results/rag_traffic_fresh_warmup.json", None),
     ("rag_traffic_zipf48_c2_short_regions.json", "The Zipf stream, 48 requests at concurrency 2, with only short "
      "regions first, the same session as the runs below; plain vLLM's rows from its run at concurrency 2 there",
      "python benchmarks/rag_traffic.py --num-requests 48 --concurrency 2 --servers blend --alone 8 --logprobs 20 "
@@ -383,7 +390,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh_s8.json", "a RAG stream of new passages only (no reuse")]
+                    ("rag_traffic_fresh_warmup.json", "a RAG stream of new passages only (no reuse")]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "

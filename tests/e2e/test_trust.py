@@ -131,14 +131,15 @@ sys.stdin.read()
 
 def test_a_store_that_stops_answering_neither_stalls_nor_stores(engine_factory, plain_llm, model_dir, tmp_path,
                                                               monkeypatch):
-    """Loads that never finish in time (a prompt's blocks are megabytes; 1 ms allowed) and then dumps
+    """Loads that never finish in time (a prompt's blocks are megabytes; 1 us allowed: since loads
+    go into reused buffers a small one can finish within a millisecond) and then dumps
     that get no answer (the capacity ledger's lock held by another process): answers stay full
     prefill's, nothing computed over a timed-out load is stored, and the store is written again once
     it answers."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
     config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=8,
-                                 store_options={"load_timeout_s": 0.001, "lookup_timeout_s": 1.0})
+                                 store_options={"load_timeout_s": 1e-6, "lookup_timeout_s": 1.0})
     llm = engine_factory(model_dir, kv_transfer_config=config, disable_log_stats=False)
     batch = store_prompts(llm, store, seed=311)
     inodes = {p: p.stat().st_ino for p in block_files(store)}

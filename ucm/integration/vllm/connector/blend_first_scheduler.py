@@ -12,7 +12,7 @@ tokens: shortest job first, one step at a time, at most MAX_SHORT_STEPS_IN_ROW s
 Decodes keep their token, and other blend requests join the step while its Blend work stays
 within that bound. A blend request with a longer region (many misses) is no short job: it keeps its
 place, as under vLLM's scheduler, so that the prefills it would hold back do not wait for it
-(docs/research.md, "Only short regions go first").
+(docs/research.md, "Where the stream's time goes, and only short regions first").
 
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used

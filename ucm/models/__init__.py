@@ -1,5 +1,8 @@
-"""Models the project can run without downloading anything (see `python -m ucm.models`)."""
+"""Models the project sets up from PyPI alone (see `python -m ucm.models`)."""
 
-from ucm.models.smollm2 import ModelPreparationError, default_model_dir, prepare
+from ucm.models.catalog import DEFAULT_MODEL, MODELS, model_spec
+from ucm.models.errors import ModelPreparationError
+from ucm.models.preparation import default_model_dir, find_gguf, prepare
 
-__all__ = ["ModelPreparationError", "default_model_dir", "prepare"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "ModelPreparationError", "default_model_dir", "find_gguf", "model_spec",
+           "prepare"]

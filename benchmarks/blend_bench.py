@@ -56,7 +56,8 @@ PARETO_CHUNK_START = (8, 16, 32)  # EPIC's k
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
-                   help="model directory (env MODEL_PATH; default: the embedded SmolLM2-135M-Instruct)")
+                   help="model directory or a name of python -m ucm.models list (env MODEL_PATH; default: the "
+                        "embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dataset", default=None,
                    help=f"CacheBlend JSON or LongBench JSONL (none: {DEFAULT_DATASET} if it exists, else generated)")
     p.add_argument("--generated", action="store_true", help="use the generated data set even if MuSiQue exists")
@@ -82,6 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--index-related", type=int, default=0, metavar="K",
                    help="index each passage after the K passages of the run most similar to it (TF-IDF), as "
                         "FusionRAG prepares chunk KV; default 0: after the system message alone")
+    p.add_argument("--miss-passages", type=int, default=0, metavar="K",
+                   help="leave K passages of each question (at most half) unindexed, spread over the prompt: cache misses "
+                        "between loaded chunks, as on a RAG stream; needs --chunk-store alone, so that no mode "
+                        "stores them in context for the next")
     p.add_argument("--kl-tokens", type=int, default=None,
                    help="measure the next-token KL to full prefill over this many answer tokens (one extra "
                         "request per token and mode; default 4 with --pareto, else 0)")
@@ -100,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.ratios = list(PARETO_RATIOS)
         if "--selections" not in " ".join(argv if argv is not None else sys.argv):
             args.selections = list(PARETO_RULES)
+    if args.miss_passages and (args.chunk_store != "alone" or args.miss_passages > args.passages // 2):
+        p.error("--miss-passages needs --chunk-store alone and at most half of --passages")
     if args.kl_tokens is None:
         args.kl_tokens = 4 if args.pareto else 0
     if args.kl_tokens < 0:
@@ -173,7 +180,8 @@ def run(llm, examples, modes: list[Mode], args):
         pool = list(dict.fromkeys(p for ex in examples for p in ex.passages))
         related = {pool[i]: [pool[j] for j in js] for i, js in enumerate(related_passages(pool, args.index_related))}
     evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
-                               index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens, related=related)
+                               index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens, related=related,
+                               miss_passages=args.miss_passages)
     return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
                          on_measurement=show_answer, on_question=show_question)
 

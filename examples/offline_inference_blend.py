@@ -43,7 +43,8 @@ from ucm.eval.summary import (TABLE_NOTES, format_counters, format_tables, summa
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model", default=os.environ.get("MODEL_PATH"), help="model directory (env MODEL_PATH)")
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
+                   help="model directory or a name of python -m ucm.models list (env MODEL_PATH)")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"), help="KV store directory (env DATA_DIR)")
     p.add_argument("--dataset", default=os.environ.get("BLEND_DATASET_PATH"), help="data set file (env BLEND_DATASET_PATH)")
     add_run_args(p, num_questions=4, passages=6, passage_words=250)

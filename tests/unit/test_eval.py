@@ -408,3 +408,13 @@ def test_top_k_kl_is_exact_on_whole_lists_and_a_lower_bound_on_top_k():
     assert top_k_kl({1: math.log(0.1)}, {2: math.log(0.5)}) == 0.0
     assert top_k_kl({1: math.log(0.1)}, {1: math.log(0.5)}) == pytest.approx(
         0.1 * math.log(0.1 / 0.5) + 0.9 * math.log(0.9 / 0.5))
+
+
+def test_missed_passages_are_spread_over_the_prompt():
+    from ucm.eval.measure import missed_passages
+
+    assert missed_passages(10, 0) == []
+    assert missed_passages(10, 2) == [2, 7]
+    assert missed_passages(10, 5) == [1, 3, 5, 7, 9]
+    with pytest.raises(ValueError, match="cannot leave 3 of 2"):
+        missed_passages(2, 3)

@@ -98,11 +98,11 @@ def examples_and_model(args) -> tuple[list, str]:
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    if args.model:
-        return examples, args.model
-    from ucm.models import prepare
+    from ucm.models import MODELS, prepare
 
-    return examples, str(prepare())
+    if args.model and args.model not in MODELS:
+        return examples, args.model
+    return examples, str(prepare(model=args.model or "smollm2-135m"))  # a catalogued model by name
 
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
@@ -114,12 +114,17 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     fits any budget (docs/serving.md). TTFT comes from vLLM's request metrics, which need stats
     logging on.
     """
+    from transformers import AutoTokenizer
+
+    from ucm.eval.prompts import chunk_end_token_id
     from ucm.integration.vllm.llm import make_llm, ucm_transfer_config
 
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
-    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, capacity_gb=capacity_gb,
-                                                                  chunk_store=chunk_store, kv_shift=kv_shift),
+    marker = chunk_end_token_id(AutoTokenizer.from_pretrained(model))  # the model's own <|im_end|>
+    return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, chunk_end_token_id=marker,
+                                                                  capacity_gb=capacity_gb, chunk_store=chunk_store,
+                                                                  kv_shift=kv_shift),
                     **kwargs)
 
 

@@ -62,12 +62,24 @@ def indexing_prompts(prompt: ChunkedPrompt, alone: bool = False) -> list[list[in
     return [system + prompt.token_ids[a:b] for a, b in bounds[1:]]
 
 
+def missed_passages(num_passages: int, k: int) -> list[int]:
+    """`k` passage indices spread evenly over `num_passages` (the middle of k equal parts)."""
+    if not 0 <= k <= num_passages:
+        raise ValueError(f"cannot leave {k} of {num_passages} passages unindexed")
+    return [int((j + 0.5) * num_passages / k) for j in range(k)]
+
+
 class BlendEvaluator:
     """Runs the modes of each question on one Blend-enabled engine, one request at a time."""
 
     def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
-                 index_alone: bool = False, kl_tokens: int = 0, related: dict[str, list[str]] | None = None):
+                 index_alone: bool = False, kl_tokens: int = 0, related: dict[str, list[str]] | None = None,
+                 miss_passages: int = 0):
         self.llm = llm
+        # Passages per question left out of the indexing step, spread over the prompt: cache
+        # misses between loaded chunks, as on a RAG stream (the engine must not store them when
+        # computed in context: chunk_store "alone").
+        self.miss_passages = miss_passages
         # Answer tokens over which the next-token KL to full prefill is measured (0: not measured;
         # the engine needs max_logprobs=-1): one extra one-token request per token and mode.
         self.kl_tokens = kl_tokens
@@ -135,6 +147,9 @@ class BlendEvaluator:
         system = 0 if self.index_alone else prompt.chunk_lengths[0]
         token_ids = indexing_prompts(prompt, self.index_alone)
         contexts = [self.context_ids(self.related.get(p, ())) for p in passages] or [[] for _ in token_ids]
+        missed = set(missed_passages(len(token_ids), min(self.miss_passages, len(token_ids) // 2)))
+        token_ids = [ids for i, ids in enumerate(token_ids) if i not in missed]
+        contexts = [ctx for i, ctx in enumerate(contexts) if i not in missed]
         prompts = [{"prompt_token_ids": ids[:system] + ctx + ids[system:]} for ids, ctx in zip(token_ids, contexts)]
         params = [self.params(1, [n for n in (system, len(ctx), len(ids) - system) if n])
                   for ids, ctx in zip(token_ids, contexts)]

@@ -190,6 +190,22 @@ TABLE_NOTES = (
 )
 
 
+def _commit() -> str | None:
+    """The checkout's commit, with "+dirty" for uncommitted changes to tracked files (None outside git)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "ucm", "csrc"], cwd=repo, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
+
+
 def write_results_json(path: str | Path, args, results: Sequence[QuestionResult], summaries: Sequence[ModeSummary],
                        modes: Sequence[Mode], started: float, counters: dict) -> None:
     """A run as JSON: its configuration, the summary of each mode and every answer of every question."""
@@ -205,6 +221,8 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "kv_shift": args.kv_shift if getattr(args, "kv_shift", None) is not None else KV_SHIFT_DEFAULT,
             "chunk_start_tokens": {m.name: m.chunk_start_tokens for m in modes if m.chunk_start_tokens},
             "index_related": getattr(args, "index_related", 0),
+            "miss_passages": getattr(args, "miss_passages", 0),
+            "commit": _commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),

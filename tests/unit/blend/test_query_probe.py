@@ -9,6 +9,7 @@ from ucm.sparse.blend.query_probe import (
     oracle_layer_score,
     probe_candidates,
     probe_query_mask,
+    rows_after_loaded,
     query_weighted_score,
 )
 
@@ -75,6 +76,15 @@ def test_probe_query_mask_skips_requests_whose_uncached_rows_outnumber_the_loade
     got = probe_query_mask(loaded, seg, 2, max_queries=3)
     assert got.nonzero().flatten().tolist() == [14, 15, 16]  # request 0: 5 new rows > max(3, 2 loaded)
     assert probe_query_mask(loaded, seg, 2, max_queries=5)[2:7].all()  # 5 <= max(5, 2): probed
+
+
+def test_rows_after_loaded_are_the_whole_question_not_only_the_probed_rows():
+    # request 0: loaded x 5, miss, loaded, q x 5 | request 1: no loaded row | request 2: ends loaded
+    loaded = torch.tensor([1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1], dtype=torch.bool)
+    seg = torch.tensor([0] * 12 + [1] * 2 + [2] * 2)
+    assert rows_after_loaded(loaded, seg, 3).nonzero().flatten().tolist() == [7, 8, 9, 10, 11]
+    probed = probe_query_mask(loaded, seg, 3, max_queries=2)
+    assert probed.nonzero().flatten().tolist() == [10, 11]  # a subset of the question
 
 
 def test_probe_query_mask_rejects_bad_input():

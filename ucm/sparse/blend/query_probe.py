@@ -23,7 +23,7 @@ import torch
 from ucm.sparse.blend.hkvd import select_hkvd
 
 __all__ = ["attention_mass", "attention_per_cost", "oracle_layer_score", "probe_candidates", "probe_query_mask",
-           "query_weighted_score"]
+           "query_weighted_score", "rows_after_loaded"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
 # the last 16 or 32 rank as well as the whole question (KL to full prefill 0.060-0.061).
@@ -88,31 +88,41 @@ def probe_query_mask(
     row (its question), at most the last ``max_queries`` of them. ``[n]`` bool.
 
     The probe runs every row without loaded KV of a request through the later layers over the
-    loaded KV as it is, and those rows keep the KV it wrote (only the question runs again over
-    the recomputed rows). So a request is probed only while those rows are no more than
+    loaded KV as it is, and those before the question keep the KV it wrote (the question runs
+    again over the recomputed rows). So a request is probed only while those rows are no more than
     ``max(max_queries, its loaded rows)``: a long uncached text behind a short cached chunk (a new
     document after a cached system prompt) ranks by deviation alone and is computed over the
     recomputed rows, as without a probe. Rows of a request
     are contiguous and in position order (vLLM's batch layout); a request with no loaded row, or
     whose last row is loaded, gets none.
     """
-    n = loaded.shape[0]
-    if loaded.dtype != torch.bool or segment_ids.shape != (n,):
-        raise ValueError("loaded must be a [n] bool tensor and segment_ids [n]")
     if max_queries < 1:
         raise ValueError(f"max_queries must be positive, got {max_queries}")
+    n = loaded.shape[0]
+    after = rows_after_loaded(loaded, segment_ids, num_segments)
     device = loaded.device
     idx = torch.arange(n, device=device)
     seg = segment_ids.to(device=device, dtype=torch.long)
-    last_loaded = torch.full((num_segments,), -1, dtype=torch.long, device=device)
-    last_loaded.scatter_reduce_(0, seg[loaded], idx[loaded], reduce="amax")
     last_row = torch.full((num_segments,), -1, dtype=torch.long, device=device)
     last_row.scatter_reduce_(0, seg, idx, reduce="amax")
     num_loaded = torch.bincount(seg[loaded], minlength=num_segments)
     num_rows = torch.bincount(seg, minlength=num_segments)
     affordable = num_rows - num_loaded <= torch.clamp(num_loaded, min=max_queries)
-    after = (last_loaded[seg] >= 0) & (idx > last_loaded[seg]) & affordable[seg]
-    return after & (idx > last_row[seg] - max_queries)
+    return after & affordable[seg] & (idx > last_row[seg] - max_queries)
+
+
+def rows_after_loaded(loaded: torch.Tensor, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Per request, the rows after its last loaded row (its question): ``[n]`` bool; none for a
+    request without loaded rows. Rows of a request are contiguous and in position order."""
+    n = loaded.shape[0]
+    if loaded.dtype != torch.bool or segment_ids.shape != (n,):
+        raise ValueError("loaded must be a [n] bool tensor and segment_ids [n]")
+    device = loaded.device
+    idx = torch.arange(n, device=device)
+    seg = segment_ids.to(device=device, dtype=torch.long)
+    last_loaded = torch.full((num_segments,), -1, dtype=torch.long, device=device)
+    last_loaded.scatter_reduce_(0, seg[loaded], idx[loaded], reduce="amax")
+    return (last_loaded[seg] >= 0) & (idx > last_loaded[seg])
 
 
 def attention_per_cost(mass: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

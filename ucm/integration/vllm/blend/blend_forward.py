@@ -7,7 +7,7 @@ those layers first run only on the rows without loaded KV: the rows after the re
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
 gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
 top candidates by that attention, which then run the layers before the check layer too
-(query_probe.py); the probed rows keep the KV the probe wrote, only the question runs again.
+(query_probe.py); misses before the question keep the KV the probe wrote, the question runs again.
 The diagnostic "oracle" first runs the batch as full prefill and ranks by the question's
 attention there times each token's V error, then restores the loaded KV. Full reuse
 (ratio 0) runs those layers on the uncached rows only. The selected tokens, every token whose KV
@@ -32,7 +32,7 @@ from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.connector.worker_side import BlendStep
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
-                                          query_weighted_score)
+                                          query_weighted_score, rows_after_loaded)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 
@@ -130,10 +130,11 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
-    # The probe's rows keep the KV it wrote, except the question's and vLLM's scheduled rows, which
-    # run again over the recomputed KV: running the misses twice cost a blended request on a RAG
-    # stream about as much as its misses (docs/research.md, "The probe's second pass").
-    kept = probe_rows & ~(queries | last)
+    # Misses between loaded chunks keep the KV the probe wrote (running them twice cost a blended
+    # request on a RAG stream about as much as its misses: docs/research.md, "The probe's second
+    # pass"). The question, every row after the last loaded one and not only the rows the probe
+    # scored, runs again over the recomputed and shifted KV: the answer reads it most.
+    kept = probe_rows & ~rows_after_loaded(loaded, segment, num_reqs) & ~last
     if batch.scheduled is None:  # every row is vLLM's
         kept[:] = False
     else:
@@ -358,8 +359,8 @@ def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual
     `run_rows` (every row without loaded KV of the probed requests) go through those layers over
     the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows are captured at
     each attention layer and scored against the request's whole K (prefix included) read back
-    from the paged cache. The rows keep the KV they write here; the main pass runs only the
-    question's and vLLM's scheduled rows of them again.
+    from the paged cache. Rows before the question keep the KV they write here; the main pass
+    runs the question's rows and vLLM's scheduled rows again.
     """
     n = b.positions.shape[0]
     pseudo = pseudo_request_metadata(run_rows, b.segment, b.positions.long())

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ucm-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model demo test test-all test-fast clean
+.PHONY: setup model demo test test-all test-fast quality clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-all: model
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+
+# The fixed quality check (next-token KL of the default rule against full prefill and HKVD,
+# against the accepted run): after any change to the forward, the selection or the scheduler.
+quality: model
+	$(BIN)/python benchmarks/quality_check.py
 
 # The stamp goes too: the next `make` rebuilds the native modules it removes.
 clean:

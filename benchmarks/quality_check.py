@@ -37,7 +37,7 @@ def verdict(run: dict, accepted: dict | None, tolerance: float) -> list[str]:
     problems = []
     if kl[DEFAULT_MODE] > kl[PEER_MODE]:
         problems.append(f"the default rule's KL {kl[DEFAULT_MODE]:.4f} is above HKVD's {kl[PEER_MODE]:.4f}")
-    if accepted is not None and accepted["config"]["model"] == run["config"]["model"]:
+    if accepted is not None and Path(accepted["config"]["model"]).name == Path(run["config"]["model"]).name:
         before = kl_of(accepted)[DEFAULT_MODE]
         if kl[DEFAULT_MODE] > before * (1 + tolerance):
             problems.append(f"the default rule's KL {kl[DEFAULT_MODE]:.4f} is above the accepted {before:.4f} "

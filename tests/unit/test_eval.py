@@ -418,3 +418,29 @@ def test_missed_passages_are_spread_over_the_prompt():
     assert missed_passages(10, 5) == [1, 3, 5, 7, 9]
     with pytest.raises(ValueError, match="cannot leave 3 of 2"):
         missed_passages(2, 3)
+
+
+def test_min_question_tokens_keeps_the_first_long_questions(tmp_path, model_dir):
+    from transformers import AutoTokenizer
+
+    from ucm.eval.engine import examples_and_model
+    from ucm.eval.prompts import question_tokens
+
+    long_q = "Which " + "very " * 40 + "long question is this?"
+    items = [{"ctxs": [{"title": "T", "text": "body"}], "question": q, "answers": ["a"]}
+             for q in ("short?", long_q + " one", "short again?", long_q + " two", long_q + " three")]
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps(items))
+    args = argparse.Namespace(dataset=str(path), num_questions=2, skip_questions=0, passages=10, passage_words=100,
+                              model=str(model_dir), min_question_tokens=32)
+    examples, model = examples_and_model(args)
+    assert model == str(model_dir)
+    assert [e.question for e in examples] == [long_q + " one", long_q + " two"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    assert question_tokens(tokenizer, examples[0]) > 32 >= question_tokens(tokenizer, _example("short?"))
+
+
+def _example(question):
+    from ucm.eval.datasets import QAExample
+
+    return QAExample(("body",), question, ("a",))

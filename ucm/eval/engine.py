@@ -40,6 +40,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help="passages per generated question")
     p.add_argument("--passage-words", type=int, default=passage_words,
                    help="words per generated passage")
+    p.add_argument("--min-question-tokens", type=int, default=0, metavar="N",
+                   help="only questions whose message (template included) is over N tokens, the first "
+                        "--num-questions of them (e.g. 32: longer than the query rule's probe)")
     p.add_argument("--max-tokens", type=int, default=16, help="answer length in tokens")
     p.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
                    help="Blend recompute ratio of the 'blend' mode")
@@ -92,17 +95,25 @@ def examples_and_model(args) -> tuple[list, str]:
     """
     from ucm.eval.datasets import DatasetError, load_dataset
 
+    from ucm.models import MODELS, prepare
+
+    longer = getattr(args, "min_question_tokens", 0)
     try:
-        examples = load_dataset(args.dataset, limit=args.num_questions, skip=getattr(args, "skip_questions", 0),
-                                passages_per_example=args.passages, passage_words=args.passage_words)
+        examples = load_dataset(args.dataset, limit=None if longer else args.num_questions,
+                                skip=getattr(args, "skip_questions", 0), passages_per_example=args.passages,
+                                passage_words=args.passage_words)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    from ucm.models import MODELS, prepare
+    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or "smollm2-135m"))
+    if longer:
+        from transformers import AutoTokenizer
 
-    if args.model and args.model not in MODELS:
-        return examples, args.model
-    return examples, str(prepare(model=args.model or "smollm2-135m"))  # a catalogued model by name
+        from ucm.eval.prompts import question_tokens
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        examples = [e for e in examples if question_tokens(tokenizer, e) > longer][:args.num_questions]
+    return examples, model
 
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,

@@ -43,3 +43,9 @@ def build_prompt(tokenizer, example: QAExample, marker_id: int, order: list[int]
     question = QUESTION.format(question=example.question, answer_prefix=example.answer_prefix)
     token_ids.extend(tokenizer.encode(question, add_special_tokens=False))
     return ChunkedPrompt(token_ids, lengths)
+
+
+def question_tokens(tokenizer, example: QAExample) -> int:
+    """Tokens of the prompt after its last passage: the question message and the answer prefix."""
+    text = QUESTION.format(question=example.question, answer_prefix=example.answer_prefix)
+    return len(tokenizer.encode(text, add_special_tokens=False))

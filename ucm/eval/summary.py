@@ -206,6 +206,9 @@ def _commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
 
 
+STARTED_AT_COMMIT = _commit()  # at import, i.e. when the run starts: the code it ran
+
+
 def write_results_json(path: str | Path, args, results: Sequence[QuestionResult], summaries: Sequence[ModeSummary],
                        modes: Sequence[Mode], started: float, counters: dict) -> None:
     """A run as JSON: its configuration, the summary of each mode and every answer of every question."""
@@ -222,7 +225,8 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "chunk_start_tokens": {m.name: m.chunk_start_tokens for m in modes if m.chunk_start_tokens},
             "index_related": getattr(args, "index_related", 0),
             "miss_passages": getattr(args, "miss_passages", 0),
-            "commit": _commit(),
+            "min_question_tokens": getattr(args, "min_question_tokens", 0),
+            "commit": STARTED_AT_COMMIT,
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),

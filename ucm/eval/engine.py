@@ -118,7 +118,7 @@ def examples_and_model(args) -> tuple[list, str]:
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
                    capacity_gb: float | None = None, chunk_store: str | None = None, kv_shift: float | None = None,
-                   **overrides: Any):
+                   blend_options: dict[str, Any] | None = None, **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -135,7 +135,7 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     marker = chunk_end_token_id(AutoTokenizer.from_pretrained(model))  # the model's own <|im_end|>
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, chunk_end_token_id=marker,
                                                                   capacity_gb=capacity_gb, chunk_store=chunk_store,
-                                                                  kv_shift=kv_shift),
+                                                                  kv_shift=kv_shift, blend_options=blend_options),
                     **kwargs)
 
 
@@ -170,9 +170,11 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
     if note:
         print(note, flush=True)
     dtype = {"dtype": args.dtype} if args.dtype else {}
+    # Passages left unindexed must stay missed: not computed alone and stored while the engine idles.
+    blend_options = {"background_chunks": False} if getattr(args, "miss_passages", 0) else None
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
                          capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, kv_shift=args.kv_shift,
-                         **dtype, **engine)
+                         blend_options=blend_options, **dtype, **engine)
     try:
         return fn(llm)
     finally:

@@ -51,10 +51,10 @@ def make_llm(model: str, **overrides: Any):
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
                         check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
                         chunk_store: str | None = None, kv_shift: float | None = None,
-                        store_options: dict[str, Any] | None = None):
+                        store_options: dict[str, Any] | None = None, blend_options: dict[str, Any] | None = None):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given
     (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default; `store_options`:
-    more UcmNfsStore keys, such as its timeouts)."""
+    more UcmNfsStore keys, such as its timeouts; `blend_options`: more Blend keys)."""
     from vllm.config import KVTransferConfig
 
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
@@ -69,6 +69,7 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
             extra["ucm_sparse_config"]["Blend"]["chunk_store"] = chunk_store
         if kv_shift is not None:
             extra["ucm_sparse_config"]["Blend"]["compute_meta"][check_layer]["kv_shift"] = kv_shift
+        extra["ucm_sparse_config"]["Blend"].update(blend_options or {})
     return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
 
 

@@ -18,21 +18,29 @@ from ucm.integration.vllm.llm import ucm_transfer_config
 MODEL = "qwen2.5-coder-0.5b"
 
 
-@pytest.fixture(scope="module")
-def qwen_dir():
+def _prepared(model: str):
     from ucm.models import ModelPreparationError, prepare
 
     try:
-        return prepare(model=MODEL)
+        return prepare(model=model)
     except ModelPreparationError as exc:
-        pytest.skip(f"{MODEL} cannot be prepared here: {exc}")
+        pytest.skip(f"{model} cannot be prepared here: {exc}")
+
+
+def _tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def qwen_dir():
+    return _prepared(MODEL)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(qwen_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(qwen_dir))
+    return _tokenizer(qwen_dir)
 
 
 def _chat(tokenizer, text: str) -> list[int]:
@@ -65,7 +73,10 @@ def test_vllm_runs_the_converted_model_as_transformers_runs_the_gguf(qwen_dir, t
     assert "Paris" in tokenizer.decode(expected[0])
 
 
-def test_blend_on_qwen2_real_weights(qwen_dir, tokenizer, tmp_path, engine_factory):
+@pytest.mark.parametrize("model", [MODEL, "qwen2.5-coder-1.5b"])  # head size 64 and 128
+def test_blend_on_qwen2_real_weights(model, tmp_path, engine_factory):
+    qwen_dir = _prepared(model)
+    tokenizer = _tokenizer(qwen_dir)
     marker = chunk_end_token_id(tokenizer)
     llm = engine_factory(qwen_dir, max_model_len=4096,
                          kv_transfer_config=ucm_transfer_config(tmp_path / "store", blend_ratio=0.15,

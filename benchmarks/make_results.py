@@ -61,9 +61,6 @@ QUALITY_RUNS = [
      "and without the KV shift, next-token KL",
      f"{_Q} --model qwen2.5-coder-1.5b --generated --num-questions 6 --passage-words 80 --selections query,hkvd "
      "--plus-kv-shift 0 --kl-tokens 1 --no-plot --out benchmarks/results/qwen15_generated6.json"),
-    ("qwen05_musique4.json", "Qwen2.5-Coder-0.5B-Instruct, MuSiQue (~6k tokens), TTFT",
-     f"{_Q} --model qwen2.5-coder-0.5b --num-questions 4 --selections query --max-tokens 8 --no-plot "
-     "--out benchmarks/results/qwen05_musique4.json"),
     ("qwen05_generated8.json", "Qwen2.5-Coder-0.5B-Instruct, generated set (10 passages x 120 words), the query, HKVD "
      "and LMCache (key_l2) rules with and without the KV shift, next-token KL (TTFT with another run beside it)",
      f"{_Q} --model qwen2.5-coder-0.5b --generated --num-questions 8 --passage-words 120 "
@@ -72,10 +69,6 @@ QUALITY_RUNS = [
      "question message is over 32 tokens (the probe's queries), the whole question run again",
      f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
      "--out benchmarks/results/query_fix_musique_longq4.json"),
-    ("query_head_musique_longq4.json", "The same questions before the fix (commit 7631588: question rows beyond the "
-     "last 32 kept the probe's KV)",
-     "the same command at commit 7631588 (which lacks --min-question-tokens: --dataset of those questions) "
-     "--out benchmarks/results/query_head_musique_longq4.json"),
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
      "passages x 120 words, with the whole-question fix",
      "python benchmarks/quality_check.py --accept"),
@@ -425,7 +418,7 @@ TRAFFIC_RUNS = [
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh_warmup.json", "a RAG stream of new passages only (no reuse")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen05_musique4.json", "qwen15_generated6.json"]
+HEADLINE_LARGER = ["qwen15_generated6.json"]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "

@@ -5,7 +5,7 @@ by next-token KL to full prefill's distribution (the first answer token) on a fi
 set (16 questions, 10 passages of 120 words, passages indexed first), then compared with the
 accepted result committed in benchmarks/results/quality_check.json:
 
-    python benchmarks/quality_check.py                  # ~10 min on 2 cores; exit 1 on a regression
+    python benchmarks/quality_check.py                  # ~15 min on 2 cores; exit 1 on a regression
     python benchmarks/quality_check.py --accept         # record this run as the new accepted result
     python benchmarks/quality_check.py --model DIR      # another model (compared with nothing)
 

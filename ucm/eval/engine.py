@@ -17,6 +17,7 @@ from ucm.config import CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT, QUERY_SELECTION
 from ucm.sparse.blend.vocabulary import is_ratio
 from ucm.store.config import GB
 from ucm.eval.modes import DEFAULT_RATIO, parse_selections
+from ucm.eval.summary import started_at_commit
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -95,7 +96,7 @@ def examples_and_model(args) -> tuple[list, str]:
     """
     from ucm.eval.datasets import DatasetError, load_dataset
 
-    from ucm.models import MODELS, prepare
+    from ucm.models import DEFAULT_MODEL, MODELS, prepare
 
     longer = getattr(args, "min_question_tokens", 0)
     try:
@@ -105,7 +106,7 @@ def examples_and_model(args) -> tuple[list, str]:
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or "smollm2-135m"))
+    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or DEFAULT_MODEL))
     if longer:
         from transformers import AutoTokenizer
 
@@ -170,6 +171,7 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
     if note:
         print(note, flush=True)
     dtype = {"dtype": args.dtype} if args.dtype else {}
+    started_at_commit()  # recorded now: the code this run runs, whatever is committed before it ends
     # Passages left unindexed must stay missed: not computed alone and stored while the engine idles.
     blend_options = {"background_chunks": False} if getattr(args, "miss_passages", 0) else None
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -147,6 +147,7 @@ class BlendEvaluator:
         system = 0 if self.index_alone else prompt.chunk_lengths[0]
         token_ids = indexing_prompts(prompt, self.index_alone)
         contexts = [self.context_ids(self.related.get(p, ())) for p in passages] or [[] for _ in token_ids]
+        # At most half of them: the warm-up question has 2 passages (the command line checks the rest).
         missed = set(missed_passages(len(token_ids), min(self.miss_passages, len(token_ids) // 2)))
         token_ids = [ids for i, ids in enumerate(token_ids) if i not in missed]
         contexts = [ctx for i, ctx in enumerate(contexts) if i not in missed]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -190,8 +191,10 @@ TABLE_NOTES = (
 )
 
 
-def _commit() -> str | None:
-    """The checkout's commit, with "+dirty" for uncommitted changes to tracked files (None outside git)."""
+@functools.cache
+def started_at_commit() -> str | None:
+    """The checkout's commit at the first call (a run calls it when it starts), with "+dirty" for
+    uncommitted changes under ucm/ or csrc/; None outside git."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[2]
@@ -204,9 +207,6 @@ def _commit() -> str | None:
     if head.returncode:
         return None
     return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
-
-
-STARTED_AT_COMMIT = _commit()  # at import, i.e. when the run starts: the code it ran
 
 
 def write_results_json(path: str | Path, args, results: Sequence[QuestionResult], summaries: Sequence[ModeSummary],
@@ -226,7 +226,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "index_related": getattr(args, "index_related", 0),
             "miss_passages": getattr(args, "miss_passages", 0),
             "min_question_tokens": getattr(args, "min_question_tokens", 0),
-            "commit": STARTED_AT_COMMIT,
+            "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),

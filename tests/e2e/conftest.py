@@ -78,12 +78,24 @@ def store_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def blend_llm(model_dir, store_dir):
+def faults_file(tmp_path_factory):
+    """The file the session's Blend engine reads its injected faults from (UCM_FAULTS): empty, no
+    fault; test_blend_faults.py writes stage names into it for one request at a time."""
+    path = tmp_path_factory.mktemp("faults") / "stages"
+    path.write_text("")
+    return path
+
+
+@pytest.fixture(scope="session")
+def blend_llm(model_dir, store_dir, faults_file):
+    from ucm.integration.vllm.faults import FAULTS_ENV
     from ucm.integration.vllm.llm import make_llm
 
     # Stats logging on: the connector's counters reach LLM.get_metrics() (test_statistics_counters...).
-    llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15),
-                   disable_log_stats=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FAULTS_ENV, str(faults_file))
+        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15),
+                       disable_log_stats=False)
     yield llm
     shutdown(llm)
 

@@ -226,6 +226,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "index_related": getattr(args, "index_related", 0),
             "miss_passages": getattr(args, "miss_passages", 0),
             "min_question_tokens": getattr(args, "min_question_tokens", 0),
+            "check_layer": 1 if getattr(args, "check_layer", None) is None else args.check_layer,
             "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),

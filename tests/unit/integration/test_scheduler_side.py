@@ -17,6 +17,7 @@ import pytest
 
 from ucm.config import UCMConfig
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide, isolation_of
+from ucm.integration.vllm.faults import FAULTS_ENV
 from ucm.sparse.blend.chunking import split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import build_plan
@@ -675,3 +676,37 @@ def test_a_plan_made_ahead_is_made_again_once_old(tmp_path, monkeypatch):
     side.store.lookup = lambda keys, _real=side.store.lookup: lookups.append(keys) or _real(keys)
     assert side.get_num_new_matched_tokens(req, 0) == (len(tokens) - 1, False)
     assert not lookups  # vLLM's question used the fresh plan
+
+
+def test_a_lookup_that_raises_leaves_the_request_to_vllm_and_stores_nothing(tmp_path, monkeypatch):
+    side = side_for(tmp_path)
+    tokens = prompt(11)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    original = list(req.block_hashes)
+    faults = tmp_path / "faults"
+    faults.write_text("lookup")
+    monkeypatch.setenv(FAULTS_ENV, str(faults))
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert req.block_hashes == original  # vLLM's prefix cache keys stay its own
+    new = admit(side, req, 0)
+    meta, _ = step(side, [new], {"a": len(tokens)})
+    assert not any(r.dumps or r.blend for r in meta.requests)
+    report = side.request_finished(req)["ucm"]
+    assert report["fallback"] == "blend_error" and not report["blended"]
+    assert side.stats.data["lookup_errors"] == 1 and side.stats.data["blend_fallbacks_blend_error"] == 1
+
+
+def test_a_blend_error_report_turns_a_blended_request_into_a_fallback(tmp_path):
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path)
+    tokens = prompt(12)
+    store_chunks(side, tokens)
+    req = request(side, "a", tokens)
+    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
+    step(side, [new], {"a": 1})
+    side.take_report(UCMWorkerReport(blend_error={"a"}))
+    assert side._dumps(side._states["a"], len(tokens) + 8) == []
+    report = side.request_finished(req)["ucm"]
+    assert report["fallback"] == "blend_error" and not report["blended"]

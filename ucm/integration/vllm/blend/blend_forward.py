@@ -30,6 +30,7 @@ from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, laye
                                                run_subset)
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.connector.worker_side import BlendStep
+from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
                                           query_weighted_score, rows_after_loaded)
@@ -125,6 +126,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
         score = torch.where(oracled[segment], oracle, score)
     # Chunk-start rows (EPIC) come first, within a ranked request's ratio.
     score = torch.where(batch.near_chunk_start, torch.full_like(score, float("inf")), score)
+    inject("select")
     hkvd = select_hkvd(score, loaded & ~at_starts[segment], segment, ratios, num_segments=num_reqs)
     hkvd |= loaded & batch.near_chunk_start
     num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
@@ -150,6 +152,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
                  pseudo.num_runs)
     idx = pseudo.token_indices
     shift = _kv_shift_plan(batch, step, loaded & ~compute, idx, loaded[idx])
+    inject("forward")
     h, r = run_subset(layers[check:], b, pseudo, hidden, residual, shift)
     if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)

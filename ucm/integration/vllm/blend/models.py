@@ -24,6 +24,12 @@ def current_blend_step():
     return take() if take is not None else None
 
 
+def blend_forward_failed(exc: BaseException) -> None:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    get_kv_transfer_group().blend_forward_failed(exc)
+
+
 class BlendMixin:
     def __init__(self, *, vllm_config, prefix: str = "", **kwargs):  # vLLM reads this signature
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
@@ -33,8 +39,12 @@ class BlendMixin:
         step = current_blend_step()
         if step is None or intermediate_tensors is not None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-        with torch.inference_mode():
-            return blend_forward(self.model, step, input_ids, positions, inputs_embeds)
+        try:
+            with torch.inference_mode():
+                return blend_forward(self.model, step, input_ids, positions, inputs_embeds)
+        except Exception as exc:  # fail towards computing: vLLM's forward, its blend requests recomputed
+            blend_forward_failed(exc)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
 
 
 class BlendLlamaForCausalLM(BlendMixin, LlamaForCausalLM):

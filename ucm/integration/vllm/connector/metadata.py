@@ -110,6 +110,7 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
     not_stored: set[StoreKey] = field(default_factory=set)  # refused, failed or timed out on some rank
     load_failed: set[str] = field(default_factory=set)  # request ids with a failed or timed-out load
     not_blended: set[str] = field(default_factory=set)  # request ids whose Blend region was not run
+    blend_error: set[str] = field(default_factory=set)  # request ids handed back to vLLM after a fault
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> UCMWorkerReport:
         assert isinstance(other, UCMWorkerReport)
@@ -117,7 +118,7 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
         for key, ranks in other.stored.items():
             stored[key] = stored.get(key, 0) + ranks
         return UCMWorkerReport(stored, self.not_stored | other.not_stored, self.load_failed | other.load_failed,
-                               self.not_blended | other.not_blended)
+                               self.not_blended | other.not_blended, self.blend_error | other.blend_error)
 
     def is_empty(self) -> bool:
-        return not (self.stored or self.not_stored or self.load_failed or self.not_blended)
+        return not (self.stored or self.not_stored or self.load_failed or self.not_blended or self.blend_error)

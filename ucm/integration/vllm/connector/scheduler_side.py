@@ -26,6 +26,7 @@ from ucm.integration.vllm.connector.background_chunks import BackgroundChunk, Ba
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.integration.vllm.faults import ErrorLog, inject
 from ucm.sparse.blend.chunk_refs import REF_BYTES, ChunkRef, decode_ref, encode_ref, make_ref, ref_pieces
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
@@ -160,6 +161,7 @@ class SchedulerSide:
         self._refs_waiting: list[_WaitingRef] = []  # chunk references whose exact blocks are not yet confirmed
         self._ref_writes: list[tuple[Task, list[bytes]]] = []  # written by the store's threads, not yet reaped
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
+        self._errors = ErrorLog(logger)
         self._lookup_timeouts = 0  # the store's count when last read
         serving = os.environ.get(API_SERVER_ENV) == "1"
         listed = self.blend.request_params if self.blend else None
@@ -272,8 +274,10 @@ class SchedulerSide:
             self._distrust(req_id, "load_failed")
         for req_id in report.not_blended:
             self._distrust(req_id, "forward_missing")
-        if self._refs_waiting and (report.not_stored or report.load_failed or report.not_blended):
-            untrusted = report.load_failed | report.not_blended
+        for req_id in report.blend_error:
+            self._distrust(req_id, "blend_error")
+        if self._refs_waiting and (report.not_stored or report.load_failed or report.not_blended or report.blend_error):
+            untrusted = report.load_failed | report.not_blended | report.blend_error
             self._refs_waiting = [r for r in self._refs_waiting
                                   if r.req_id not in untrusted and not r.sources & report.not_stored]
         if self._pending:
@@ -287,7 +291,7 @@ class SchedulerSide:
         if state is None:
             return
         state.untrusted = True
-        if reason == "forward_missing":
+        if reason in ("forward_missing", "blend_error"):
             state.blended = False
         if state.fallback != reason:
             self._fall_back(state, reason)
@@ -351,7 +355,11 @@ class SchedulerSide:
         if held is not None:
             state = held  # deferred at the step cap or planned ahead: no new lookups
         else:
-            state = self._plan(request, num_computed_tokens, resumed)
+            try:
+                inject("lookup")
+                state = self._plan(request, num_computed_tokens, resumed)
+            except Exception as exc:  # a cache fault must not take the engine down: vLLM computes it
+                state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
                 return None, False
         if state.blending:
@@ -449,6 +457,19 @@ class SchedulerSide:
             state.kv_shift = self._kv_shift(request, params)
             state.work = region_work(plan, state.blend_end, state.ratio)
             state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
+        return state
+
+    def _failed_plan(self, request: Request, num_computed_tokens: int, exc: BaseException) -> _RequestState:
+        """The plan of a request whose lookup raised: no external tokens, nothing stored."""
+        self._errors.error("lookup", exc, "the request is computed by vLLM and nothing of it is stored")
+        self.stats.add("lookup_errors")
+        self._restore_hashes(request)
+        self._waiting.pop(request.request_id, None)
+        tokens = request.prompt_token_ids
+        state = _RequestState(request, len(tokens), None, [False] * (len(tokens) // self.block_size), len(tokens),
+                              0, num_computed_tokens)
+        state.untrusted = True
+        self._fall_back(state, "blend_error")
         return state
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:

@@ -203,6 +203,11 @@ class UCMConnector(KVConnectorBase_V1):
         """For the Blend model forward of this step (worker process)."""
         return self._worker.take_blend_step() if self._worker else None
 
+    def blend_forward_failed(self, exc: BaseException) -> None:
+        """The Blend forward of this step raised (worker process): vLLM computes its requests."""
+        if self._worker is not None:
+            self._worker.blend_forward_failed(exc)
+
     # ---- statistics (both roles) ---------------------------------------------------------
 
     def get_kv_connector_stats(self) -> UCMConnectorStats | None:

@@ -20,6 +20,7 @@ from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.integration.vllm.faults import ErrorLog, inject
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys, signed_cos_sin_cache, signed_positions
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey, shard_key
@@ -121,6 +122,8 @@ class WorkerSide:
         config = getattr(store, "config", None)
         self.dump_queue_bytes = int(getattr(config, "dump_queue_mb", 1024.0) * (1 << 20))
         self._blend_step: BlendStep | None = None
+        self._blend_requests: list[RequestStep] = []  # the requests of this step's Blend step
+        self._errors = ErrorLog(logger)
         self._buffers: dict[str, torch.Tensor] = {}  # see _reused
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self._cos_sin = self._is_neox = self._rotary_dim = None
@@ -206,11 +209,25 @@ class WorkerSide:
 
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
+        self._blend_requests = []
+        try:
+            self._load(meta)
+        except Exception as exc:  # a cache fault must not take the engine down: vLLM computes instead
+            self._blend_step = None
+            # The store's IO threads may still be writing the load buffers: never reuse them.
+            self._buffers.pop("chunk_rows", None)
+            self._buffers.pop("whole_blocks", None)
+            self._fail_requests([req for req in meta.requests if req.prefix_loads or req.blend is not None],
+                                "load", exc, from_prefix=True)
+
+    def _load(self, meta: UCMConnectorMetadata) -> None:
         prefix = [(req, ld) for req in meta.requests for ld in req.prefix_loads]
         chunks = [(req, ld) for req in meta.requests for ld in req.chunk_loads]
         blends = [req for req in meta.requests if req.blend is not None]
         if not prefix and not chunks and not blends:
             return
+        inject("load")
+        self._blend_requests = blends
         start = time.perf_counter()
         # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
         # Chunk blocks land back to back in the staging tensor; a block partly covered by the
@@ -314,6 +331,7 @@ class WorkerSide:
         straight from the staging rows (no per-layer copies).
         """
         assert self.layout is not None and self.check_layer is not None
+        inject("rotate")
         self._shift_keys_(kv[:, :, 0], delta)
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
@@ -369,6 +387,28 @@ class WorkerSide:
         step, self._blend_step = self._blend_step, None
         return step
 
+    def blend_forward_failed(self, exc: BaseException) -> None:
+        """The Blend forward of this step raised: its requests are recomputed by vLLM."""
+        self._fail_requests(self._blend_requests, "blend forward", exc, from_prefix=False)
+
+    def _fail_requests(self, requests: list[RequestStep], stage: str, exc: BaseException, from_prefix: bool) -> None:
+        """Hands `requests` back to vLLM's own computation after a fault in the cache path.
+
+        A block of each is reported as a load error (the first of its exact prefix loads when
+        those may be unfinished, `from_prefix`, else the first of its Blend region, which starts
+        on a block boundary): vLLM's scheduler truncates the
+        request's computed tokens there, discards what it sampled this step and computes the
+        rest itself (kv_load_failure_policy "recompute"). Nothing of these requests is stored
+        afterwards, and each reports `fallback: "blend_error"`.
+        """
+        self._errors.error(stage, exc, f"{len(requests)} request(s) of this step are computed by vLLM instead")
+        self.stats.add("blend_errors")
+        for req in requests:
+            first = req.prefix_loads[0].start if from_prefix and req.prefix_loads else req.blend.start
+            self._failed_block_ids.add(req.block_ids[first // self.block_size])
+            self._untrusted.add(req.req_id)
+            self._report.blend_error.add(req.req_id)
+
     def forget(self, finished_req_ids) -> None:
         self._untrusted.difference_update(finished_req_ids)
 
@@ -379,6 +419,14 @@ class WorkerSide:
     # ---- dumps ---------------------------------------------------------------------------
 
     def wait_for_save(self, meta: UCMConnectorMetadata) -> None:
+        try:
+            self._save(meta)
+        except Exception as exc:  # nothing of this step is stored; the engine goes on
+            self._errors.error("dump", exc, "this step's blocks are not stored")
+            self.stats.add("dump_errors")
+            self._refuse([d for req in meta.requests for d in req.dumps])
+
+    def _save(self, meta: UCMConnectorMetadata) -> None:
         if self._blend_step is not None:  # loaded for a Blend forward that never took it
             self._blend_step = None
             unrun = {req.req_id for req in meta.requests if req.blend is not None}
@@ -399,6 +447,7 @@ class WorkerSide:
             self.stats.add("dumps_dropped", len(dumps))
             self._report.not_stored.update(d.key for _, d in dumps)
             return
+        inject("dump")
         buffers = [self._gather(req, d) for req, d in dumps]
         task = self.store.dump([self.store_key(d.key) for _, d in dumps], [_bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])

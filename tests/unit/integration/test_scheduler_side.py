@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ucm.config import UCMConfig
+from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide, isolation_of
 from ucm.integration.vllm.faults import FAULTS_ENV
 from ucm.sparse.blend.chunking import split_by_marker
@@ -372,6 +373,7 @@ def _blended_with(tmp_path, monkeypatch, knobs, **blend):
     monkeypatch.delenv("UCM_API_SERVER", raising=False)
     side = side_for(tmp_path)
     side.blend = dataclasses.replace(side.blend, **blend)
+    side.params = RequestParamPolicy(side.blend)
     req = request(side, "a", prompt(1))
     req.kv_transfer_params = dict(knobs)
     store_chunks(side, req.prompt_token_ids)

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ucm.config import (BLEND_SELECTIONS, CHUNK_LENGTHS_PARAM, CHUNK_START_TOKENS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM,
-                        KV_SHIFT_PARAM,
-                        ORACLE_SELECTION, RATIO_PARAM, REQUEST_PARAMS, SELECTION_PARAM)
-from ucm.integration.vllm.plugin import API_SERVER_ENV
+from ucm.config import CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunk, BackgroundChunks
+from ucm.integration.vllm.connector.request_params import REPORT_KEY, RequestParamPolicy
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -32,8 +29,6 @@ from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_ma
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import (BlendPlan, blend_region_end, bounded_region_end, build_plan, region_hit_share,
                                    region_work)
-from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
-                                         kv_shift_share)
 from ucm.store.keys import KeyKind, store_key
 
 if TYPE_CHECKING:
@@ -45,8 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Key of the per-request report in RequestOutput.kv_transfer_params.
-REPORT_KEY = "ucm"
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
@@ -163,14 +156,10 @@ class SchedulerSide:
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self._errors = ErrorLog(logger)
         self._lookup_timeouts = 0  # the store's count when last read
-        serving = os.environ.get(API_SERVER_ENV) == "1"
-        listed = self.blend.request_params if self.blend else None
-        self.allowed_params = frozenset(listed if listed is not None else () if serving else REQUEST_PARAMS)
+        self.params = RequestParamPolicy(self.blend)
         # Missed chunks to compute alone while idle (BlendFirstScheduler takes them); None: off.
         self.background = (BackgroundChunks() if self.blend and self.blend.computes_missed_chunks_alone
                            and self.stores else None)
-        oracle = self.blend.allow_oracle if self.blend else None
-        self.allow_oracle = oracle if oracle is not None else not serving
 
     @property
     def hasher(self) -> BlockHasher:
@@ -300,16 +289,7 @@ class SchedulerSide:
 
     def request_params(self, request: Request) -> tuple[dict, tuple[str, ...]]:
         """(the per-request parameters honoured, the names of those refused) of a request."""
-        params, refused = {}, []
-        for name, value in (request.kv_transfer_params or {}).items():
-            if not (isinstance(name, str) and name.startswith("ucm_")) or name == REPORT_KEY:
-                continue  # another connector's, or not ours to judge
-            if (name not in self.allowed_params
-                    or name == SELECTION_PARAM and value == ORACLE_SELECTION and not self.allow_oracle):
-                refused.append(name)
-            else:
-                params[name] = value
-        return params, tuple(refused)
+        return self.params.honoured(request.kv_transfer_params)
 
     def chunk_layout(self, request: Request, params: dict) -> ChunkLayout | None:
         if self.blend is None:
@@ -444,7 +424,7 @@ class SchedulerSide:
             if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
                 state.fallback = "few_hits"  # vLLM computes it; counted at its first step
             else:
-                ratio = self._ratio(request, params)
+                ratio = self.params.ratio(request.request_id, params)
                 # A region with more work than one step's cap is cut; vLLM's chunked prefill does the rest.
                 state.blend_end = bounded_region_end(plan, end, ratio, self.step_cap, STAGED_PER_ROW * self.step_cap)
                 if state.blend_end < end:
@@ -452,9 +432,9 @@ class SchedulerSide:
                 if not any(b.placed.start < state.blend_end for b in plan.loaded):
                     state.blend_end = plan.prefix_tokens  # nothing loaded left in it: vLLM computes it all
         if state.blending:
-            state.ratio, state.selection = ratio, self._selection(request, params)
-            state.chunk_start_tokens = self._chunk_start_tokens(request, params, state.selection)
-            state.kv_shift = self._kv_shift(request, params)
+            chosen = self.params.blend_params(request.request_id, params, ratio)
+            state.ratio, state.selection = chosen.ratio, chosen.selection
+            state.chunk_start_tokens, state.kv_shift = chosen.chunk_start_tokens, chosen.kv_shift
             state.work = region_work(plan, state.blend_end, state.ratio)
             state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
         return state
@@ -650,41 +630,6 @@ class SchedulerSide:
         state.fallback = reason
         self.stats.add(f"blend_fallbacks_{reason}")
         logger.info("request %s: Blend falls back (%s)", state.request.request_id, reason)
-
-    def _ratio(self, request: Request, params: dict) -> float:
-        ratio = params.get(RATIO_PARAM, self.blend.ratio)
-        if not is_ratio(ratio):
-            logger.warning("request %s: %s must be a number in [0, 1], got %r; using %s",
-                           request.request_id, RATIO_PARAM, ratio, self.blend.ratio)
-            return self.blend.ratio
-        return float(ratio)
-
-    def _kv_shift(self, request: Request, params: dict) -> float:
-        value = params.get(KV_SHIFT_PARAM, self.blend.kv_shift)
-        share = kv_shift_share(value)
-        if share is None:
-            logger.warning("request %s: %s must be a number in [0, 1] (or true / false), got %r; using %s",
-                           request.request_id, KV_SHIFT_PARAM, value, self.blend.kv_shift)
-            return self.blend.kv_shift
-        return share
-
-    def _chunk_start_tokens(self, request: Request, params: dict, selection: str) -> int:
-        rule = Selection.parse(selection)
-        configured = chunk_start_tokens_for(rule, self.blend.chunk_start_tokens)
-        count = params.get(CHUNK_START_TOKENS_PARAM, configured)
-        why = check_chunk_start_tokens(rule, count)
-        if why:
-            logger.warning("request %s: %s %s; using %s", request.request_id, CHUNK_START_TOKENS_PARAM, why, configured)
-            return configured
-        return count
-
-    def _selection(self, request: Request, params: dict) -> str:
-        selection = params.get(SELECTION_PARAM, self.blend.selection)
-        if Selection.parse(selection) is None:
-            logger.warning("request %s: %s must be one of %s, got %r; using %r", request.request_id, SELECTION_PARAM,
-                           ", ".join(BLEND_SELECTIONS), selection, self.blend.selection)
-            return self.blend.selection
-        return selection
 
     def _dump_step(self, state: _RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)

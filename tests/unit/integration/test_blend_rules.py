@@ -4,7 +4,7 @@ import torch
 
 from ucm.integration.vllm.blend.blend_forward import _chunk_of, _near_chunk_start
 from ucm.integration.vllm.blend.passes import BlendRows
-from ucm.integration.vllm.connector.worker_side import RegionRows
+from ucm.integration.vllm.blend_step import RegionRows
 from ucm.sparse.blend.vocabulary import Selection
 
 

@@ -29,7 +29,7 @@ from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
                                                run_subset)
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
-from ucm.integration.vllm.connector.worker_side import BlendStep
+from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,

@@ -12,7 +12,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from ucm.integration.vllm.blend.blend_forward import blend_forward
-from ucm.integration.vllm.connector.worker_side import BLEND_MODELS_BUILT
+from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT
 
 
 def current_blend_step():

@@ -23,7 +23,8 @@ from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata, UCMWor
 from ucm.integration.vllm.connector.model_identity import model_digest
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
 from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetrics
-from ucm.integration.vllm.connector.worker_side import BlendStep, WorkerSide
+from ucm.integration.vllm.blend_step import BlendStep
+from ucm.integration.vllm.connector.worker_side import WorkerSide
 from ucm.integration.vllm.plugin import share_vllm_logging
 from ucm.sparse.blend.rope import check_rope_supports_delta
 from ucm.store.factory import create_store

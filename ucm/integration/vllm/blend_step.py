@@ -1,0 +1,55 @@
+"""The contract between the connector's worker half and the Blend forward: what the loads of a
+step hand the forward (once, then cleared), per request rather than per token.
+
+The connector builds a `BlendStep` in `start_load_kv`; the Blend model class takes it at the start
+of its forward (`take_blend_step`) and reports a failure back (`blend_forward_failed`). Neither
+side needs the other's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ucm.integration.vllm.connector.kv_layout import KVLayout
+from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.sparse.blend.vocabulary import Selection
+
+# Names of the Blend model classes instantiated in this process (ucm.integration.vllm.blend.models
+# adds them): a Blend config without one would hand regions to a forward that never runs them.
+BLEND_MODELS_BUILT: list[str] = []
+
+
+@dataclass
+class RegionRows:
+    """One blend request's region, as the forward runs it beside the request's scheduled rows."""
+
+    first_slot: int  # slot of the request's first scheduled token: finds the request in the batch
+    positions: torch.Tensor  # [m] prompt positions of the region
+    token_ids: torch.Tensor  # [m]
+    slots: torch.Tensor  # [m]
+    ratio: float
+    selection: Selection  # the rule ranking this request's loaded tokens
+    question_end: int  # probe queries come from rows before this position
+    chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
+    chunk_start_tokens: int  # recomputed at the start of every loaded chunk before any ranking
+    kv_shift: float  # share of its chunk's mean error the KV not recomputed is moved by (0: off)
+
+
+@dataclass
+class BlendStep:
+    """What the Blend forward of this step needs from the loads (handed over once, then cleared)."""
+
+    loaded_slots: torch.Tensor  # [n] slots whose KV was loaded (every layer)
+    check_v: torch.Tensor  # [n, kv_heads, head_size] loaded V of the check layer
+    # [n, kv_heads, head_size] loaded K of the check layer, at the new positions; kept only when a
+    # request of the step ranks by K deviation (key_l1 / key_l2), else None.
+    check_k: torch.Tensor | None
+    regions: list[RegionRows]  # one per blend request
+    check_layer: int
+    layout: KVLayout
+    caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
+    stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
+    rope: tuple | None = None  # (float32 cos/sin cache, is_neox_style) of the model: the KV shift rotates K errors
+    max_rows: int | None = None  # the scheduler's cap on the rows run beside vLLM's (checked, counted if passed)

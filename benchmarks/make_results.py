@@ -57,6 +57,19 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_query_generated6.json", "Qwen2.5-Coder-1.5B-Instruct, the query rule by the question's attention alone (no "
+     "longer per unit of position): the same 6 generated questions as below",
+     f"{_Q} --model qwen2.5-coder-1.5b --generated --num-questions 6 --passage-words 80 --max-tokens 4 --kl-tokens 1 "
+     "--selections query --sweep --ratios 0.15 --no-plot --out benchmarks/results/qwen15_query_generated6.json"),
+    ("qwen15_heldout_generated6.json", "The same on 6 held-out generated questions (7-12), with HKVD and full reuse",
+     f"{_Q} --model qwen2.5-coder-1.5b --generated --skip-questions 6 --num-questions 6 --passage-words 80 "
+     "--max-tokens 4 --kl-tokens 1 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen15_heldout_generated6.json"),
+    ("qwen15_ratios_generated6.json", "Before that change: the query rule (attention per cost) and HKVD at ratios 0.15, "
+     "0.3 and 0.5, the first 6 generated questions",
+     f"{_Q} --model qwen2.5-coder-1.5b --generated --num-questions 6 --passage-words 80 --max-tokens 4 --kl-tokens 1 "
+     "--sweep --ratios 0.15,0.3,0.5 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen15_ratios_generated6.json, at commit c31f523"),
     ("qwen15_generated6.json", "Qwen2.5-Coder-1.5B-Instruct, generated set (10 passages x 80 words), every rule with "
      "and without the KV shift, next-token KL",
      f"{_Q} --model qwen2.5-coder-1.5b --generated --num-questions 6 --passage-words 80 --selections query,hkvd "
@@ -70,7 +83,7 @@ QUALITY_RUNS = [
      f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
      "--out benchmarks/results/query_fix_musique_longq4.json"),
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
-     "passages x 120 words, with the whole-question fix",
+     "passages x 120 words, the query rule by attention alone (before: 0.2041 with attention per cost)",
      "python benchmarks/quality_check.py --accept"),
     ("query_head_generated16.json", "The same before the fix (commit 5f450e4)",
      f"{_Q} --generated --num-questions 16 --passage-words 120 --selections query,hkvd --kl-tokens 1 --no-plot "
@@ -418,7 +431,7 @@ TRAFFIC_RUNS = [
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh_warmup.json", "a RAG stream of new passages only (no reuse")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_generated6.json"]
+HEADLINE_LARGER = ["qwen15_query_generated6.json", "qwen15_heldout_generated6.json"]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
@@ -692,7 +705,9 @@ def headline() -> str:
             if full and blend:
                 model = Path(str(c["model"])).name
                 dataset = "MuSiQue" if c["dataset"] != "generated" else "generated"
-                rows.append(f"| offline, {model}, {c['num_questions']} {dataset} questions "
+                skip = c.get("skip_questions") or 0
+                which = f" ({skip + 1}-{skip + c['num_questions']}, held out)" if skip else ""
+                rows.append(f"| offline, {model}, {c['num_questions']} {dataset} questions{which} "
                             f"(~{data['prompt_tokens']['mean']:.0f} tokens, {c['dtype'] if c['dtype'] != 'default' else 'float32'}), "
                             f"median TTFT | {blend['median_ttft_s']:.2f} s | {full['median_ttft_s']:.2f} s | "
                             f"{blend['speedup']:.2f}x |")

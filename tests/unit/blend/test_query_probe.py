@@ -5,7 +5,6 @@ import torch
 
 from ucm.sparse.blend.query_probe import (
     attention_mass,
-    attention_per_cost,
     oracle_layer_score,
     probe_candidates,
     probe_query_mask,
@@ -69,6 +68,14 @@ def test_probe_query_mask_picks_rows_after_last_loaded_row():
     assert capped.nonzero().flatten().tolist() == [6, 7]  # the last rows, next to the answer
 
 
+def test_probe_query_mask_reads_the_last_eligible_rows():
+    # loaded x 8, question x 4, then 3 generated tokens (a request prefilled again after a preemption)
+    loaded = torch.tensor([1] * 8 + [0] * 7, dtype=torch.bool)
+    prompt_rows = torch.tensor([True] * 12 + [False] * 3)
+    got = probe_query_mask(loaded, torch.zeros(15, dtype=torch.long), 1, max_queries=2, eligible=prompt_rows)
+    assert got.nonzero().flatten().tolist() == [10, 11]  # the question's last rows, as at its first blend
+
+
 def test_probe_query_mask_skips_requests_whose_uncached_rows_outnumber_the_loaded():
     # request 0: 2 loaded rows then 5 new rows; request 1: 5 loaded rows then 5 new rows.
     loaded = torch.tensor([1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bool)
@@ -94,43 +101,38 @@ def test_probe_query_mask_rejects_bad_input():
         probe_query_mask(torch.tensor([True, False]), torch.tensor([0, 0]), 1, max_queries=0)
 
 
-def test_attention_per_cost_divides_by_position_plus_one():
-    mass = torch.tensor([0.5, 2.0, 1.0])
-    assert torch.allclose(attention_per_cost(mass, torch.tensor([0, 3, 9])), torch.tensor([0.5, 0.5, 0.1]))
-
-
 def test_probe_candidates_widen_the_ratio_per_request_and_skip_unprobed_rows():
     # request 0: 6 loaded rows + 1 question row, probed, ratio 0.25 -> 2 * 0.25 * 6 = 3 candidates
     # request 1: 4 loaded rows, not probed -> none; request 2: 2 loaded rows, ratio 0.75 -> all (capped)
     seg = torch.tensor([0] * 7 + [1] * 4 + [2] * 3)
     loaded = torch.tensor([True] * 6 + [False] + [True] * 4 + [True, True, False])
     probed = torch.tensor([True] * 7 + [False] * 4 + [True] * 3)
-    per_cost = torch.tensor([0.1, 0.9, 0.3, 0.8, 0.05, 0.7, 5.0, 9.0, 9.0, 9.0, 9.0, 0.2, 0.1, 7.0])
+    mass = torch.tensor([0.1, 0.9, 0.3, 0.8, 0.05, 0.7, 5.0, 9.0, 9.0, 9.0, 9.0, 0.2, 0.1, 7.0])
     ratios = torch.tensor([0.25, 0.5, 0.75])
-    got = probe_candidates(per_cost, loaded, probed, seg, ratios, factor=2.0, num_segments=3)
+    got = probe_candidates(mass, loaded, probed, seg, ratios, factor=2.0, num_segments=3)
     assert got.nonzero().flatten().tolist() == [1, 3, 5, 11, 12]
     with pytest.raises(ValueError, match="factor"):
-        probe_candidates(per_cost, loaded, probed, seg, ratios, factor=0.5)
+        probe_candidates(mass, loaded, probed, seg, ratios, factor=0.5)
 
 
 def test_query_weighted_score_ranks_candidates_only_and_falls_back_to_deviation_where_not_probed():
-    per_cost = torch.tensor([0.5, 2.0, 3.0, 0.0, 0.0])
+    mass = torch.tensor([0.5, 2.0, 3.0, 0.0, 0.0])
     dev = torch.tensor([4.0, 0.0, 1.0, 3.0, 5.0])  # squared L2
     probed = torch.tensor([True, True, True, False, False])
     candidates = torch.tensor([True, True, False, False, False])
-    # candidates: per_cost * sqrt(deviation) (>= 0); other probed rows below every candidate; else deviation
-    assert query_weighted_score(per_cost, dev, probed, candidates).tolist() == [1.0, 0.0, -1.0, 3.0, 5.0]
+    # candidates: mass * sqrt(deviation) (>= 0); other probed rows below every candidate; else deviation
+    assert query_weighted_score(mass, dev, probed, candidates).tolist() == [1.0, 0.0, -1.0, 3.0, 5.0]
 
 
 def test_query_weighted_score_weighs_attention_and_error_norm_alike():
     """Twice the attention outranks 1.5 times the error norm (2.25 times the squared deviation),
     as in the oracle's attention x error norm; a product with the squared deviation ranked the
     other way round."""
-    per_cost = torch.tensor([2.0, 1.0])
+    mass = torch.tensor([2.0, 1.0])
     dev = torch.tensor([1.0, 2.25])
     both = torch.ones(2, dtype=torch.bool)
-    score = query_weighted_score(per_cost, dev, both, both)
-    assert score[0] > score[1] and (per_cost * dev)[0] < (per_cost * dev)[1]
+    score = query_weighted_score(mass, dev, both, both)
+    assert score[0] > score[1] and (mass * dev)[0] < (mass * dev)[1]
 
 
 def test_oracle_layer_score_is_attention_times_v_error_norm():

@@ -6,14 +6,13 @@ overlaps it only by chance, so ranking by deviation alone often spends the budge
 answer never looks at. The probe fixes the "never looks at" part: the rows that follow the loaded
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
 loaded token gets the attention probability those rows give it (summed over layers, heads and
-rows) per unit of its own attention cost. The deviation is then measured only for the top
-candidates by that attention (it needs their state at the check layer, i.e. the layers before it
-run for them), and the selection ranks candidates by attention per cost x the deviation's norm. Only the
-question's rows are computed twice.
+rows). The deviation is then measured only for the top candidates by that attention (it needs
+their state at the check layer, i.e. the layers before it run for them), and the selection ranks
+candidates by attention x the deviation's norm. Only the question's rows are computed twice.
 
-Measured on SmolLM2-135M at ratio 0.15 (see README, Results): agreement with the full-prefill
-answer 84% on 200 generated questions against 64% for HKVD and 56% for full reuse, and KL to the
-full-prefill next-token distribution 40% below full reuse where HKVD gets 5-16% on MuSiQue.
+The attention is not divided by the token's position (its recompute cost): that tilts the budget
+towards early passages, and on Qwen2.5-1.5B it left the passage holding the answer stale when it
+came late in the prompt (docs/research.md, "The query rule on a model that answers").
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import torch
 
 from ucm.sparse.blend.hkvd import select_hkvd
 
-__all__ = ["attention_mass", "attention_per_cost", "oracle_layer_score", "probe_candidates", "probe_query_mask",
+__all__ = ["attention_mass", "oracle_layer_score", "probe_candidates", "probe_query_mask",
            "query_weighted_score", "rows_after_loaded"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
@@ -31,7 +30,7 @@ MAX_PROBE_QUERIES = 32
 
 
 # Candidates per selected token: the deviation is measured for the top `CANDIDATE_FACTOR * ratio` of
-# a probed request's loaded tokens by attention per cost. Offline study at ratio 0.15 (KL to the
+# a probed request's loaded tokens by attention. Offline study (then ranked by attention per cost) at ratio 0.15 (KL to the
 # full-prefill next-token distribution): 3 ranks as well as measuring every token (16 MuSiQue
 # questions 0.0650 vs 0.0654; 20 generated 0.0720 vs 0.0721, same 95% agreement); 2 and 1.5 lose
 # on the generated set (0.0746, 0.0809).
@@ -82,10 +81,14 @@ def attention_mass(
 
 
 def probe_query_mask(
-    loaded: torch.Tensor, segment_ids: torch.Tensor, num_segments: int, max_queries: int = MAX_PROBE_QUERIES
+    loaded: torch.Tensor, segment_ids: torch.Tensor, num_segments: int, max_queries: int = MAX_PROBE_QUERIES,
+    eligible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows whose attention scores the loaded tokens: per request, the rows after its last loaded
-    row (its question), at most the last ``max_queries`` of them. ``[n]`` bool.
+    row (its question) that are ``eligible`` (default: all), at most the last ``max_queries`` of
+    them. ``[n]`` bool. The caller makes only prompt rows eligible: a request readmitted after a
+    preemption is prefilled again with the tokens it had generated, and its probe must read the
+    same question rows as its first blend did.
 
     The probe runs every row without loaded KV of a request through the later layers over the
     loaded KV as it is, and those before the question keep the KV it wrote (the question runs
@@ -100,11 +103,13 @@ def probe_query_mask(
         raise ValueError(f"max_queries must be positive, got {max_queries}")
     n = loaded.shape[0]
     after = rows_after_loaded(loaded, segment_ids, num_segments)
+    if eligible is not None:
+        after &= eligible.to(after.device)
     device = loaded.device
     idx = torch.arange(n, device=device)
     seg = segment_ids.to(device=device, dtype=torch.long)
     last_row = torch.full((num_segments,), -1, dtype=torch.long, device=device)
-    last_row.scatter_reduce_(0, seg, idx, reduce="amax")
+    last_row.scatter_reduce_(0, seg[after], idx[after], reduce="amax")
     num_loaded = torch.bincount(seg[loaded], minlength=num_segments)
     num_rows = torch.bincount(seg, minlength=num_segments)
     affordable = num_rows - num_loaded <= torch.clamp(num_loaded, min=max_queries)
@@ -125,20 +130,8 @@ def rows_after_loaded(loaded: torch.Tensor, segment_ids: torch.Tensor, num_segme
     return (last_loaded[seg] >= 0) & (idx > last_loaded[seg])
 
 
-def attention_per_cost(mass: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``mass / (position + 1)``: the question's attention to a token per unit of its recompute cost.
-
-    A recomputed token attends to every key before it, so its attention costs in proportion to
-    its position, and the question reads late passages most. Measured at ratio 0.15: the picked
-    tokens' mean position falls by 7-8% (and the main pass's attention with it) at equal quality
-    (KL to full prefill within 2% on 22 MuSiQue questions; agreement with full prefill 95%
-    instead of 90% on 20 generated questions).
-    """
-    return mass / (positions.to(mass.device).float() + 1.0)
-
-
 def probe_candidates(
-    per_cost: torch.Tensor,
+    mass: torch.Tensor,
     loaded: torch.Tensor,
     probed: torch.Tensor,
     segment_ids: torch.Tensor,
@@ -147,7 +140,7 @@ def probe_candidates(
     num_segments: int | None = None,
 ) -> torch.Tensor:
     """Loaded rows of probed requests whose deviation is worth measuring: per request, the top
-    ``min(1, factor * ratio)`` of its loaded rows by ``per_cost``. ``[n]`` bool.
+    ``min(1, factor * ratio)`` of its loaded rows by the question's attention ``mass``. ``[n]`` bool.
 
     The deviation needs each token's fresh state at the check layer, i.e. the layers before it
     run over the whole context; measuring it only for the tokens the question reads most makes
@@ -156,14 +149,14 @@ def probe_candidates(
     if factor < 1:
         raise ValueError(f"factor must be >= 1 (candidates must cover the selection), got {factor}")
     widened = (ratios.double() * factor).clamp(max=1.0)
-    return select_hkvd(per_cost, loaded & probed, segment_ids, widened, num_segments=num_segments)
+    return select_hkvd(mass, loaded & probed, segment_ids, widened, num_segments=num_segments)
 
 
 def query_weighted_score(
-    per_cost: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor, candidates: torch.Tensor
+    mass: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor, candidates: torch.Tensor
 ) -> torch.Tensor:
-    """The selection score: ``per_cost * sqrt(deviation)`` for candidates (tokens the question reads
-    and whose KV is stale, per unit of cost), -1 (below every candidate) for the other rows of
+    """The selection score: ``mass * sqrt(deviation)`` for candidates (tokens the question reads
+    and whose KV is stale), -1 (below every candidate) for the other rows of
     probed requests, ``deviation`` alone where the request was not probed (no question rows after
     its chunks).
 
@@ -173,7 +166,7 @@ def query_weighted_score(
     the deviation twice the weight: with the default kv_shift, on generated questions 100-199,
     agreement with full prefill 86% / 87% at ratio 0.15 / 0.3 against 84% / 84% (docs/research.md).
     """
-    weighted = torch.where(candidates, per_cost * deviation.clamp(min=0).sqrt(), torch.full_like(per_cost, -1.0))
+    weighted = torch.where(candidates, mass * deviation.clamp(min=0).sqrt(), torch.full_like(mass, -1.0))
     return torch.where(probed, weighted, deviation)
 
 

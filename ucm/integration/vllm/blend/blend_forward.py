@@ -5,7 +5,7 @@ loaded tokens is then taken from the check layer's norm and projection and compa
 loaded V (the deviation), and the tokens that deviate most are selected. With "query" (default),
 those layers first run only on the rows without loaded KV: the rows after the request's chunks
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
-gets the attention those rows pay it per unit of cost, and the deviation is measured only for the
+gets the attention those rows pay it, and the deviation is measured only for the
 top candidates by that attention, which then run the layers before the check layer too
 (query_probe.py); misses before the question keep the KV the probe wrote, the question runs again.
 The diagnostic "oracle" first runs the batch as full prefill and ranks by the question's
@@ -32,7 +32,7 @@ from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
-from ucm.sparse.blend.query_probe import (attention_per_cost, probe_candidates, probe_query_mask,
+from ucm.sparse.blend.query_probe import (probe_candidates, probe_query_mask,
                                           query_weighted_score, rows_after_loaded)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
@@ -82,7 +82,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
 
     ratios = batch.ratios
     ranked = (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
-    question = probe_query_mask(loaded, segment, num_reqs) & (positions < batch.question_end[segment])
+    question = probe_query_mask(loaded, segment, num_reqs, eligible=positions < batch.question_end[segment])
     queries = question & (ranked & (batch.rules == Selection.QUERY))[segment]
     probed = _requests_with(queries, segment, num_reqs)
     oracle_queries = question & (ranked & (batch.rules == Selection.ORACLE))[segment]
@@ -105,20 +105,19 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     rule_of_row = batch.rules[segment]
     _add_deviation(deviation, layers[check], step, b, rule_of_row, row, loaded & ~lazy, hidden, residual)
     tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
-    candidates = per_cost = None
+    candidates = mass = None
     probe_rows = ~loaded & probed[segment]  # run through every layer by the probe, over the loaded KV
     if bool(probed.any()):
         mass = _query_attention_mass(model, step, b, hidden, residual, probe_rows, queries)
         if tp:  # every rank must pick the same candidates
             mass = tensor_model_parallel_all_reduce(mass)
-        per_cost = attention_per_cost(mass, positions)
-        candidates = probe_candidates(per_cost, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
+        candidates = probe_candidates(mass, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
         hidden, residual = run_layers(layers[:check], b, candidates, hidden, residual)
         _add_deviation(deviation, layers[check], step, b, rule_of_row, row, candidates, hidden, residual)
         lazy &= ~candidates
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
-    score = deviation if candidates is None else query_weighted_score(per_cost, deviation, probed[segment],
+    score = deviation if candidates is None else query_weighted_score(mass, deviation, probed[segment],
                                                                       candidates)
     if oracle is not None:
         if tp:

@@ -124,10 +124,12 @@ def layer_attention_mass(b: BlendRows, cache, q, q_rows, scale) -> torch.Tensor:
     for req in torch.unique(q_seg).tolist():
         mine = q_seg == req
         q_pos = positions[q_rows[mine]].long()
-        pages = b.meta.block_table[req, :(int(q_pos.max()) + block_size) // block_size].long()
+        first, last = int(qsl[req]), int(qsl[req + 1])
+        # Keys up to the request's last row (rows after its queries, such as the generated tokens of
+        # a request prefilled again after a preemption, get no attention but keep the row count).
+        pages = b.meta.block_table[req, :(int(positions[last - 1]) + block_size) // block_size].long()
         k_t, _ = b.layout.gather_pages_head_major(cache, pages, values=False)  # one copy
         req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale)
-        first, last = int(qsl[req]), int(qsl[req + 1])
         start = int(positions[first])
         mass[first:last] = req_mass[start:start + last - first]
     return mass

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ucm.config import CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT, QUERY_SELECTION
+from ucm.config import CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT, QUERY_SELECTION, attn_layer_name
 from ucm.sparse.blend.vocabulary import is_ratio
 from ucm.store.config import GB
-from ucm.eval.modes import DEFAULT_RATIO, parse_selections
+from ucm.eval.modes import DEFAULT_CHECK_LAYER, DEFAULT_RATIO, parse_selections
 from ucm.eval.summary import started_at_commit
 
 
@@ -57,9 +57,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
     p.add_argument("--kv-shift", type=float, default=None, metavar="SHARE",
                    help="share in [0, 1] of its chunk's mean KV error the reused KV of the Blend modes is moved by "
                         "(compute_meta kv_shift; default: the config's, " + f"{KV_SHIFT_DEFAULT:g})")
-    p.add_argument("--check-layer", type=int, default=None, metavar="N",
+    p.add_argument("--check-layer", type=int, default=DEFAULT_CHECK_LAYER, metavar="N",
                    help="the layer whose KV deviation (and the question's attention there) ranks the tokens "
-                        "recomputed (compute_meta's key; default: 1)")
+                        "recomputed (compute_meta's key)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="vLLM's step budget (max_num_batched_tokens); Blend runs up to 4x as many rows beside it per step")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -82,7 +82,7 @@ def check_run_args(p, args) -> None:
         p.error(f"--kv-shift must be a share in [0, 1], got {args.kv_shift:g}")
     if args.num_questions < 1:
         p.error("--num-questions must be at least 1")
-    if args.check_layer is not None and args.check_layer < 0:
+    if args.check_layer < 0:
         p.error("--check-layer must be >= 0")
     if args.store_capacity_gb is not None and not args.store_capacity_gb > 0:
         p.error("--store-capacity-gb must be positive")
@@ -124,7 +124,8 @@ def examples_and_model(args) -> tuple[list, str]:
 
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
                    capacity_gb: float | None = None, chunk_store: str | None = None, kv_shift: float | None = None,
-                   blend_options: dict[str, Any] | None = None, check_layer: int | None = None, **overrides: Any):
+                   blend_options: dict[str, Any] | None = None, check_layer: int = DEFAULT_CHECK_LAYER,
+                   **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -139,11 +140,10 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     kwargs: dict[str, Any] = {"max_num_batched_tokens": max_num_batched_tokens, "disable_log_stats": False}
     kwargs.update(overrides)
     marker = chunk_end_token_id(AutoTokenizer.from_pretrained(model))  # the model's own <|im_end|>
-    layer = {} if check_layer is None else {"check_layer": f"model.layers.{check_layer}.self_attn.attn"}
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, chunk_end_token_id=marker,
                                                                   capacity_gb=capacity_gb, chunk_store=chunk_store,
                                                                   kv_shift=kv_shift, blend_options=blend_options,
-                                                                  **layer),
+                                                                  check_layer=attn_layer_name(check_layer)),
                     **kwargs)
 
 
@@ -183,7 +183,7 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
     blend_options = {"background_chunks": False} if getattr(args, "miss_passages", 0) else None
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
                          capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, kv_shift=args.kv_shift,
-                         blend_options=blend_options, check_layer=getattr(args, "check_layer", None), **dtype,
+                         blend_options=blend_options, check_layer=getattr(args, "check_layer", DEFAULT_CHECK_LAYER), **dtype,
                          **engine)
     try:
         return fn(llm)

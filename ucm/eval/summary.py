@@ -15,7 +15,7 @@ from pathlib import Path
 from ucm.eval.metrics import bootstrap_ci
 from ucm.eval.measure import Measurement, QuestionResult
 from ucm.config import KV_SHIFT_DEFAULT
-from ucm.eval.modes import FULL_PREFILL, Mode
+from ucm.eval.modes import DEFAULT_CHECK_LAYER, FULL_PREFILL, Mode
 
 
 @dataclass
@@ -226,7 +226,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "index_related": getattr(args, "index_related", 0),
             "miss_passages": getattr(args, "miss_passages", 0),
             "min_question_tokens": getattr(args, "min_question_tokens", 0),
-            "check_layer": 1 if getattr(args, "check_layer", None) is None else args.check_layer,
+            "check_layer": getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
             "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(),

@@ -84,6 +84,13 @@ def step(side, new, scheduled, preempted=(), resumed=None):
     return side.build_connector_meta(out), out
 
 
+def first_step(side, req):
+    """Looks `req` up, admits it with what the lookup offered and runs its first step (one token
+    scheduled); returns step()'s (metadata, output)."""
+    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
+    return step(side, [new], {req.request_id: 1})
+
+
 def preempt(side, req, outputs=0):
     """vLLM preempts the running request: its blocks are freed, its computed count reset."""
     step(side, [], {}, preempted={req.request_id})
@@ -165,8 +172,7 @@ def test_preempted_blend_request_blends_again_under_new_hashes(tmp_path, runner)
     store_chunks(side, tokens)
     req = request(side, "a", tokens)
     original = list(req.block_hashes)
-    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
-    (first,) = step(side, [new], {"a": 1})[0].requests
+    (first,) = first_step(side, req)[0].requests
     first_salted = list(req.block_hashes)
     preempt(side, req, outputs=2)
     # Its blended blocks, freed into vLLM's cache under request-unique hashes, can no longer match:
@@ -193,8 +199,7 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
     tokens = prompt(1)
     store_chunks(side, tokens)
     req = request(side, "a", tokens)
-    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
-    step(side, [new], {"a": 1})
+    first_step(side, req)
     preempt(side, req)
     for path in (tmp_path / "store").rglob("*"):
         if path.is_file():
@@ -453,8 +458,7 @@ def test_a_request_whose_load_failed_dumps_nothing_more_and_says_so(tmp_path):
     tokens = prompt(4)
     store_chunks(side, tokens[:6])  # the first chunk only
     req = request(side, "a", tokens)
-    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
-    step(side, [new], {"a": 1})
+    first_step(side, req)
     side.take_report(UCMWorkerReport(load_failed={"a"}))
     assert side._states["a"].untrusted and side._dumps(side._states["a"], len(tokens) + 8) == []
     report = side.request_finished(req)["ucm"]
@@ -706,8 +710,7 @@ def test_a_blend_error_report_turns_a_blended_request_into_a_fallback(tmp_path):
     tokens = prompt(12)
     store_chunks(side, tokens)
     req = request(side, "a", tokens)
-    new = admit(side, req, side.get_num_new_matched_tokens(req, 0)[0])
-    step(side, [new], {"a": 1})
+    first_step(side, req)
     side.take_report(UCMWorkerReport(blend_error={"a"}))
     assert side._dumps(side._states["a"], len(tokens) + 8) == []
     report = side.request_finished(req)["ucm"]

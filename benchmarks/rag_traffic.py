@@ -323,6 +323,10 @@ def store_summary(before: dict, after: dict, store: str | None) -> dict:
             "blend_steps_over_cap": int(delta.get("blend_steps_over_cap", 0)),
             # chunks computed alone while the server was idle (background_chunks, chunk_store "alone")
             "background": {k: int(v) for k, v in delta.items() if k.startswith("background_chunks_") and v},
+            # admission: segments seen for the first time (a sighting written instead of their KV) and
+            # the computed blocks not stored for it
+            "sightings_stored": int(delta.get("sightings_stored", 0)),
+            "blocks_not_admitted": int(delta.get("blocks_not_admitted", 0)),
             "store_bytes": sum(f.stat().st_size for f in files), "store_blocks": len(files),
             # blocks dumped since the server started less those in the store: evicted, refused under
             # capacity_gb, or one block dumped by two requests at once (the store has no eviction counter)

@@ -4,10 +4,12 @@ Starts `ucm-vllm serve` on 127.0.0.1 with vLLM's default scheduler settings (chu
 the default step budget) and the README's connector config, indexes every question's passages
 (one request per passage alone, as an indexing step would), then, at each concurrency, sends
 every question with its passages in reverse order, once with Blend and once with Blend off for
-the request (`ucm_disable_blend`). Blend requests share the indexing requests' `cache_salt` (one
+the request (`ucm_disable_blend`: the connector's own cost, it still looks up and stores), and
+then the same prompts on plain vLLM (a server without the connector, prefix caching on, the same
+cores; the baseline Blend is reported against). Blend requests share the indexing requests' `cache_salt` (one
 tenant: chunk KV is shared within a tenant only; the passages were indexed alone, so no exact
 prefix of a measured prompt is cached); Blend-off requests each get their own, so no cache
-serves them. Every request states its chunks (`ucm_chunk_lengths`), so the question is computed
+serves them; plain vLLM's requests send none, so its prefix cache serves what it can. Every request states its chunks (`ucm_chunk_lengths`), so the question is computed
 by every request. TTFT is the time to the first streamed token.
 
     python benchmarks/serve_bench.py                          # 8 questions, concurrency 1,2,4,8
@@ -53,18 +55,22 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--generated", action="store_true", help="generated questions even if MuSiQue is present")
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags, e.g. '--max-num-batched-tokens 8192'")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain vLLM server (no baseline without the connector)")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--table", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     return p.parse_args(argv)
 
 
-async def one_request(client, model, prompt, salt, blend: bool, max_tokens: int) -> dict:
+MODES = ("blend", "full", "plain")  # Blend; Blend off through the connector; plain vLLM (no connector)
+
+
+async def one_request(client, model, prompt, salt, mode: str, max_tokens: int) -> dict:
     token_ids, chunk_lengths = prompt
     kv = {"ucm_chunk_lengths": chunk_lengths}
-    if not blend:
+    if mode == "full":
         kv["ucm_disable_blend"] = True
-    extra = {"cache_salt": salt, "kv_transfer_params": kv}
+    extra = {} if mode == "plain" else {"cache_salt": salt, "kv_transfer_params": kv}
     start = time.perf_counter()
     ttft, text = None, ""
     stream = await client.completions.create(model=model, prompt=token_ids, max_tokens=max_tokens, temperature=0,
@@ -78,7 +84,7 @@ async def one_request(client, model, prompt, salt, blend: bool, max_tokens: int)
             "latency": time.perf_counter() - start, "text": text}
 
 
-async def run_phase(client, model, prompts, concurrency: int, tag: str, blend: bool, max_tokens: int) -> dict:
+async def run_phase(client, model, prompts, concurrency: int, tag: str, mode: str, max_tokens: int) -> dict:
     """Every prompt once, at most `concurrency` in flight; returns per-request results and the wall time."""
     sem = asyncio.Semaphore(concurrency)
 
@@ -86,7 +92,7 @@ async def run_phase(client, model, prompts, concurrency: int, tag: str, blend: b
         async with sem:
             # Blend requests share one tenant (the indexing one): chunk KV is shared only within a
             # tenant. Blend-off requests get a salt each, so no cache serves them.
-            return await one_request(client, model, prompt, TENANT if blend else f"{tag}-{i}", blend, max_tokens)
+            return await one_request(client, model, prompt, TENANT if mode == "blend" else f"{tag}-{i}", mode, max_tokens)
 
     start = time.perf_counter()
     results = await asyncio.gather(*(guarded(i, ids) for i, ids in enumerate(prompts)))
@@ -183,11 +189,18 @@ def main(argv=None) -> int:
     try:
         wait_healthy(url, proc)
         asyncio.run(measure(url, index, prompts, levels, args.max_tokens, prompt_tokens, results, out))
+        stop_server(proc)
+        proc = None
+        if not args.no_plain:
+            proc = start_server(model, port, args.serve_args.split(), log, None)
+            wait_healthy(url, proc)
+            asyncio.run(measure_plain(url, prompts, levels, args.max_tokens, prompt_tokens, results, out))
         print_table(results)
         if not args.no_plot:
             plot(results, out.with_suffix(".png"))
     finally:
-        stop_server(proc)
+        if proc is not None:
+            stop_server(proc)
         log.close()
         subprocess.run(["rm", "-rf", store], check=False)
     return 0
@@ -200,13 +213,13 @@ async def measure(url, index, prompts, levels, max_tokens, prompt_tokens, result
     client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
     name = (await client.models.list()).data[0].id
     t = time.perf_counter()
-    await run_phase(client, name, index, 4, "index", True, 1)
+    await run_phase(client, name, index, 4, "index", "blend", 1)
     print(f"indexed {len(index)} passages in {time.perf_counter() - t:.0f} s", flush=True)
     reference = None
     for c in levels:
         for mode in ("blend", "full"):
             before = counters(url)
-            phase = await run_phase(client, name, prompts, c, f"{mode}-c{c}", mode == "blend", max_tokens)
+            phase = await run_phase(client, name, prompts, c, f"{mode}-c{c}", mode, max_tokens)
             row = {"mode": mode, "concurrency": c, **summarize(phase, prompt_tokens, before, counters(url))}
             if mode == "blend":
                 reference = reference or row["answers"]
@@ -219,17 +232,38 @@ async def measure(url, index, prompts, levels, max_tokens, prompt_tokens, result
             out.write_text(json.dumps(results, indent=1))
 
 
+async def measure_plain(url, prompts, levels, max_tokens, prompt_tokens, results, out) -> None:
+    """The measured prompts on plain vLLM at every concurrency (after one untimed request, as the
+    Blend server had its indexing pass)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
+    name = (await client.models.list()).data[0].id
+    await run_phase(client, name, prompts[:1], 1, "plain-warmup", "plain", 1)
+    for c in levels:
+        phase = await run_phase(client, name, prompts, c, f"plain-c{c}", "plain", max_tokens)
+        row = {"mode": "plain", "concurrency": c, **summarize(phase, prompt_tokens, {}, {})}
+        results["phases"].append(row)
+        print(f"plain c={c}: TTFT p50 {row['ttft_p50_s']:.2f} s p90 {row['ttft_p90_s']:.2f} s, "
+              f"{row['requests_per_s']:.3f} req/s", flush=True)
+        out.write_text(json.dumps(results, indent=1))
+
+
 def print_table(results: dict) -> None:
     by = {(r["mode"], r["concurrency"]): r for r in results["phases"]}
-    print("\n| concurrency | blended | TTFT p50 on / off | speed-up | req/s on / off | throughput gain | same answers |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| concurrency | blended | TTFT p50 on / off | speed-up | req/s on / off | throughput gain | same answers "
+          "| req/s plain vLLM | gain over plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c in sorted({r["concurrency"] for r in results["phases"]}):
-        on, off = by.get(("blend", c)), by.get(("full", c))
+        on, off, plain = by.get(("blend", c)), by.get(("full", c)), by.get(("plain", c))
         if not on or not off:
             continue
+        over_plain = (f"{plain['requests_per_s']:.3f} | {on['requests_per_s'] / plain['requests_per_s']:.2f}x"
+                      if plain else "- | -")
         print(f"| {c} | {on['blended']}/{on['requests']} | {on['ttft_p50_s']:.2f} s / {off['ttft_p50_s']:.2f} s | "
               f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x | {on['requests_per_s']:.3f} / {off['requests_per_s']:.3f} | "
-              f"{on['requests_per_s'] / off['requests_per_s']:.2f}x | {on['same_answers_as_concurrency_1']}/{on['requests']} |")
+              f"{on['requests_per_s'] / off['requests_per_s']:.2f}x | {on['same_answers_as_concurrency_1']}/{on['requests']} "
+              f"| {over_plain} |")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import yaml
 
 from ucm.store.config import near_miss
 
+from ucm.sparse.blend.admission import ADAPTIVE, ADMISSION_POLICIES
 from ucm.sparse.blend.vocabulary import Selection, check_chunk_start_tokens, is_ratio, kv_shift_share
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,10 @@ MIN_HIT_SHARE_DEFAULT = 0.25
 # (docs/serving.md, "Bounded steps").
 STEP_CAP_PER_BUDGET = 4
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
+# true: store the request's KV on its first sighting, as an indexing request's (ucm_sparse_config.Blend.admission).
+INDEX_PARAM = "ucm_index"
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
-                  CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM)
+                  CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, INDEX_PARAM)
 
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
 _ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"
@@ -241,6 +244,12 @@ class BlendConfig:
     # so they are stored (BlendFirstScheduler; connector/background_chunks.py). None: on under the
     # "alone" policy, where nothing else stores a chunk that arrives after other text.
     background_chunks: bool | None = None
+    # Which computed KV is stored (sparse/blend/admission.py): "second_sighting" stores a chunk (or a
+    # prompt's suffix) only when it was computed before, here or by another instance sharing the
+    # store, and records a sighting of a few bytes the first time; a prompt ending with a chunk (an
+    # indexing request) or sent with ucm_index stores everything. "first_sighting": everything, always.
+    # "adaptive": first sighting while this engine's recent chunk lookups find enough, else second.
+    admission: str = ADAPTIVE
 
     @property
     def computes_missed_chunks_alone(self) -> bool:
@@ -261,7 +270,11 @@ class BlendConfig:
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
         _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
-                          "chunk_store", "min_hit_share", "chunk_refs", "background_chunks"}, path)
+                          "chunk_store", "min_hit_share", "chunk_refs", "background_chunks", "admission"}, path)
+        admission = d.get("admission", ADAPTIVE)
+        if admission not in ADMISSION_POLICIES:
+            raise UCMConfigError(f"{path}.admission must be one of {', '.join(map(repr, ADMISSION_POLICIES))}, "
+                                 f"got {admission!r}")
         chunk_store = d.get("chunk_store", "any")
         if chunk_store not in CHUNK_STORE_POLICIES:
             raise UCMConfigError(f"{path}.chunk_store must be one of {', '.join(map(repr, CHUNK_STORE_POLICIES))}, "
@@ -347,6 +360,7 @@ class BlendConfig:
             chunk_refs=chunk_refs,
             min_hit_share=float(min_hit_share),
             background_chunks=background_chunks,
+            admission=admission,
         )
 
     def validate_for_model(self, num_layers: int, vocab_size: int, path: str = "ucm_sparse_config.Blend") -> None:

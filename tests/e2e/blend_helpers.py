@@ -12,6 +12,9 @@ from vllm import SamplingParams
 from ucm.eval.datasets import generate_synthetic
 from ucm.eval.prompts import build_prompt
 
+# For tests that compute a prompt, then reuse or damage what it stored: every computed block is
+# stored (admission first_sighting; the default's second sightings are tested with the scheduler).
+STORE_ALL = {"admission": "first_sighting"}
 LOGPROB_TOL = 1e-4
 NUM_LAYERS, KV_HEADS, HEAD_SIZE = 30, 3, 64  # the embedded model's KV geometry
 MARKER = 2  # <|im_end|>, the chunk end token of the prompts below

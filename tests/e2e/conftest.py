@@ -88,13 +88,16 @@ def faults_file(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def blend_llm(model_dir, store_dir, faults_file):
+    from blend_helpers import STORE_ALL
+
     from ucm.integration.vllm.faults import FAULTS_ENV
     from ucm.integration.vllm.llm import make_llm
 
     # Stats logging on: the connector's counters reach LLM.get_metrics() (test_statistics_counters...).
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(FAULTS_ENV, str(faults_file))
-        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15),
+        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15,
+                                                                              blend_options=STORE_ALL),
                        disable_log_stats=False)
     yield llm
     shutdown(llm)

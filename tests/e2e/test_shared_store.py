@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blend_helpers import assert_same, prompts, run
+from blend_helpers import STORE_ALL, assert_same, prompts, run
 from blend_helpers import params as sampling
 
 from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
@@ -27,7 +27,8 @@ def stored_bytes(root: Path) -> int:
 def test_two_engines_share_chunks_prefixes_and_one_capacity(model_dir, tmp_path, engine_factory, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # two more engines beside the session's
     store = tmp_path / "store"
-    config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=CAPACITY_BLOCKS * BLOCK_FILE / (1 << 30))
+    config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=CAPACITY_BLOCKS * BLOCK_FILE / (1 << 30),
+                                 blend_options=STORE_ALL)
     one = engine_factory(model_dir, kv_transfer_config=config)
     two = engine_factory(model_dir, kv_transfer_config=config)
     assert one.llm_engine.vllm_config.cache_config.block_size == BLOCK_TOKENS

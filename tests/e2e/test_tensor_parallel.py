@@ -159,7 +159,7 @@ def run_phase(root: Path, name: str, spec: dict) -> Phase:
 
 def engine_main(spec: dict) -> None:
     """The subprocess: one engine, the requests in order, then a JSON line with what they gave."""
-    from blend_helpers import run  # this file's folder is sys.path[0] here
+    from blend_helpers import STORE_ALL, run  # this file's folder is sys.path[0] here
 
     from ucm.integration.vllm.connector.stats import ucm_counters
     from ucm.integration.vllm.llm import make_llm, shutdown, ucm_transfer_config
@@ -167,7 +167,7 @@ def engine_main(spec: dict) -> None:
     kwargs: dict = {"tensor_parallel_size": spec["tp"], "max_model_len": 4096, "disable_log_stats": False}
     if spec.get("store"):
         kv = ucm_transfer_config(spec["store"], blend_ratio=0.15 if spec["blend"] else None,
-                                 chunk_end_token_id=MARKER)
+                                 chunk_end_token_id=MARKER, blend_options=STORE_ALL)
         kv.kv_connector_module_path = CONNECTOR_MODULE
         kwargs["kv_transfer_config"] = kv
     t0 = time.perf_counter()

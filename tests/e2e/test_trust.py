@@ -19,7 +19,7 @@ import sys
 import textwrap
 import time
 
-from blend_helpers import (assert_same, block_files, forget_local_prefix_cache, params, prompts, result, run,
+from blend_helpers import (STORE_ALL, assert_same, block_files, forget_local_prefix_cache, params, prompts, result, run,
                            wait_until_stable)
 
 from ucm.integration.vllm.audit import audit_store
@@ -91,7 +91,8 @@ def test_failed_loads_are_recomputed_and_never_stored(engine_factory, plain_llm,
     # An engine beside the session's (whose KV caches take 4 GiB each): a small KV cache.
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
-    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
+    llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15,
+                                                                         blend_options=STORE_ALL),
                          disable_log_stats=False)
     batch = store_prompts(llm, store, seed=301)
     # Damage every stored block of KV: lookups still find them, every load fails its checksum. The
@@ -138,7 +139,7 @@ def test_a_store_that_stops_answering_neither_stalls_nor_stores(engine_factory, 
     it answers."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
-    config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=8,
+    config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=8, blend_options=STORE_ALL,
                                  store_options={"load_timeout_s": 1e-6, "lookup_timeout_s": 1.0})
     llm = engine_factory(model_dir, kv_transfer_config=config, disable_log_stats=False)
     batch = store_prompts(llm, store, seed=311)

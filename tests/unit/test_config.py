@@ -167,6 +167,16 @@ def test_missed_chunks_are_computed_alone_by_default_only_under_the_alone_policy
     assert parse(extra).sparse.computes_missed_chunks_alone is on
 
 
+def test_admission_defaults_to_adaptive_and_names_a_wrong_policy():
+    assert parse(example()).sparse.admission == "adaptive"
+    extra = example()
+    extra["ucm_sparse_config"]["Blend"]["admission"] = "first_sighting"
+    assert parse(extra).sparse.admission == "first_sighting"
+    extra["ucm_sparse_config"]["Blend"]["admission"] = "always"
+    with pytest.raises(UCMConfigError, match=r"ucm_sparse_config\.Blend\.admission must be one of"):
+        parse(extra)
+
+
 def test_several_stores_and_dram_store():
     extra = example()
     extra["ucm_connectors"].insert(

@@ -23,6 +23,7 @@ class KeyKind(bytes, Enum):
     EXACT = b"x"  # KV computed with exactly the prefix the block hash chains over
     CHUNK = b"c"  # KV of a chunk computed after other text, stored at chunk-local positions
     CHUNK_REF = b"r"  # not KV: where a chunk block's KV sits in stored EXACT blocks (sparse/blend/chunk_refs.py)
+    SIGHTING = b"s"  # not KV: a prompt segment was computed once (sparse/blend/admission.py)
 
 
 def store_key(namespace: bytes, kind: KeyKind, block_hash: bytes) -> StoreKey:

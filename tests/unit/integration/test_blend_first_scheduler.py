@@ -26,6 +26,7 @@ from ucm.sparse.blend.plan import build_plan  # noqa: E402
 from ucm.store.keys import KeyKind  # noqa: E402
 
 BS, BUDGET, MARKER = 16, 256, 2
+STORE_ALL = {"admission": "first_sighting"}  # every computed block stored on first sighting
 
 
 @pytest.fixture
@@ -220,9 +221,13 @@ def run_to_end(sched, request: Request) -> None:
 
 
 def test_missed_chunks_are_computed_alone_while_no_user_request_is_in_the_engine(make_scheduler):
-    sched = make_scheduler(chunk_store="alone")
+    sched = make_scheduler(chunk_store="alone", blend_options={"admission": "second_sighting"})
     tokens = prompt(1)
     chunks = split_by_marker(tokens, MARKER).chunks
+    run_to_end(sched, add(sched, "first", tokens, cache_salt="tenant-a"))
+    # Its first sighting: recorded, nothing stored, nothing computed alone.
+    assert not background(sched) and "background_chunks_queued" not in counters(sched)
+    assert sched.reset_prefix_cache()  # the second sighting, as on another instance
     run_to_end(sched, add(sched, "user", tokens, cache_salt="tenant-a"))
 
     (chunk,) = background(sched)  # chunks 1-3 missed (chunk 0 opens the prompt: stored as its prefix)
@@ -237,7 +242,7 @@ def test_missed_chunks_are_computed_alone_while_no_user_request_is_in_the_engine
 
 
 def test_background_steps_are_short_and_a_user_request_stops_them(make_scheduler):
-    sched = make_scheduler(chunk_store="alone", budget=1024)
+    sched = make_scheduler(chunk_store="alone", blend_options=STORE_ALL, budget=1024)
     tokens = prompt(1, words=400)  # chunks of 401 tokens: two background steps each
     run_to_end(sched, add(sched, "user", tokens))
     (chunk,) = background(sched)
@@ -254,7 +259,7 @@ def test_background_steps_are_short_and_a_user_request_stops_them(make_scheduler
 
 
 def test_a_chunk_stored_meanwhile_is_not_computed_and_any_policy_queues_nothing(make_scheduler):
-    sched = make_scheduler(chunk_store="alone")
+    sched = make_scheduler(chunk_store="alone", blend_options=STORE_ALL)
     tokens = prompt(1)  # 387 tokens: two steps
     chunks = split_by_marker(tokens, MARKER).chunks
     user = add(sched, "user", tokens)
@@ -266,13 +271,13 @@ def test_a_chunk_stored_meanwhile_is_not_computed_and_any_policy_queues_nothing(
     assert started.prompt_token_ids == tokens[chunks[2].start:chunks[2].end]
     assert counters(sched)["background_chunks_skipped"] == 1
 
-    sched = make_scheduler()  # "any": a missed chunk is stored from the prompt itself
+    sched = make_scheduler(blend_options=STORE_ALL)  # "any": a missed chunk is stored from the prompt itself
     run_to_end(sched, add(sched, "user", prompt(3)))
     assert not background(sched) and "background_chunks_queued" not in counters(sched)
 
 
 def test_a_chunk_its_request_gave_by_length_is_sent_with_its_length(make_scheduler):
-    sched = make_scheduler(chunk_store="alone")
+    sched = make_scheduler(chunk_store="alone", blend_options=STORE_ALL)
     tokens = prompt(1)
     params = SamplingParams(max_tokens=4, extra_args={"kv_transfer_params": {"ucm_chunk_lengths": [96, 96, 96, 96]}})
     user = Request("user", tokens, params, None, block_hasher=sched.block_hasher)

@@ -26,6 +26,7 @@ from ucm.store.factory import create_store
 from ucm.store.keys import KeyKind
 
 BS, MARKER = 4, 2
+STORE_ALL = "first_sighting"  # tests of the dumps themselves: every computed block is stored (no admission filter)
 
 
 def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", **blend_extra):
@@ -333,8 +334,8 @@ def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, pol
     its first chunk has nothing before it; the later chunks were computed after other text, so
     under "alone" their chunk KV is not stored. With chunk references ("refs", the default) the
     later chunks' blocks, all inside the exact blocks, are stored as references, not as KV."""
-    side = (side_for(tmp_path) if policy == "refs"
-            else side_for(tmp_path, chunk_store=policy, chunk_refs=False))
+    side = (side_for(tmp_path, admission=STORE_ALL) if policy == "refs"
+            else side_for(tmp_path, chunk_store=policy, chunk_refs=False, admission=STORE_ALL))
     tokens = prompt(1)  # chunks [0, 6) [6, 13) [13, 19), question [19, 22)
     req = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
@@ -415,7 +416,7 @@ def test_a_dump_counts_as_stored_only_once_the_workers_confirm_it(tmp_path):
     then loads them; a dump a worker could not write is never served."""
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
-    side = side_for(tmp_path, chunk_refs=False)  # copies only (references: the tests below)
+    side = side_for(tmp_path, chunk_refs=False, admission=STORE_ALL)  # copies only (references: the tests below)
     tokens = prompt(1)
     a = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(a, 0) == (0, False)  # nothing stored: computed in full
@@ -469,7 +470,7 @@ def test_a_request_whose_load_failed_dumps_nothing_more_and_says_so(tmp_path):
 @pytest.mark.parametrize("min_hit_share,blends", [(0.0, True), (0.25, True), (0.5, False)])
 def test_requests_with_few_chunk_hits_are_left_to_vllm(tmp_path, min_hit_share, blends):
     """One chunk of three stored: 6 of the 21 tokens before the last one (29%) have chunk KV."""
-    side = side_for(tmp_path, min_hit_share=min_hit_share)
+    side = side_for(tmp_path, min_hit_share=min_hit_share, admission=STORE_ALL)
     tokens = prompt(5)
     store_chunks(side, tokens[:6])
     req = request(side, "a", tokens)
@@ -512,12 +513,12 @@ def test_chunks_computed_in_full_are_found_through_references_to_their_exact_blo
     chunk's KV, so the later chunks are stored as references, not as a second copy. Prompt b
     (chunks in the order 0, 2, 1) finds them and reads their rows from a's exact blocks, K moved
     by the chunk's new offset minus its old one."""
-    side = side_for(tmp_path)
+    side = side_for(tmp_path, admission=STORE_ALL)
     a = prompt(1)
     dumps = _computed_in_full(side, "a", a)
     assert all(d.rope_delta == 0 for d in dumps)  # exact blocks only: no KV rotated back and stored twice
     for _ in range(100):  # the references are written by the store's threads
-        side._reap_ref_writes()
+        side._reap_record_writes()
         if side.stats.data.get("chunk_refs_stored") == 4:
             break
         time.sleep(0.01)
@@ -541,7 +542,7 @@ def test_chunks_computed_in_full_are_found_through_references_to_their_exact_blo
 
 
 def test_a_reference_whose_exact_blocks_are_gone_is_a_miss(tmp_path):
-    side = side_for(tmp_path)
+    side = side_for(tmp_path, admission=STORE_ALL)
     a = prompt(1)
     dumps = _computed_in_full(side, "a", a)
     side.store.close()  # the references are written
@@ -567,7 +568,7 @@ def _stored_refs(side, tokens, store_dir):
 def test_no_reference_is_written_to_exact_blocks_that_were_not_stored(tmp_path):
     """The exact block [16, 20) failed to store: the references into it (blocks (13, 4) and
     (17, 2) of a) are never written; those into stored blocks are."""
-    side = side_for(tmp_path)
+    side = side_for(tmp_path, admission=STORE_ALL)
     a = prompt(1)
     _computed_in_full(side, "a", a, failed={side.key(KeyKind.EXACT, request(side, "x", a).block_hashes[4])})
     assert _stored_refs(side, a, tmp_path / "store") == {6: True, 10: True, 13: False, 17: False}
@@ -587,7 +588,7 @@ def test_a_request_whose_load_failed_leaves_no_reference(tmp_path):
 
 
 def test_a_request_waits_a_little_for_references_this_engine_is_about_to_write(tmp_path):
-    side = side_for(tmp_path)
+    side = side_for(tmp_path, admission=STORE_ALL)
     a = prompt(1)
     req = request(side, "a", a)
     side.get_num_new_matched_tokens(req, 0)
@@ -600,7 +601,7 @@ def test_a_request_waits_a_little_for_references_this_engine_is_about_to_write(t
 
 @pytest.mark.parametrize("role", ["kv_consumer", "kv_producer"])
 def test_kv_role_consumer_loads_only_and_producer_stores_only(tmp_path, role):
-    side = side_for(tmp_path, kv_role=role)
+    side = side_for(tmp_path, kv_role=role, admission=STORE_ALL)
     stored = prompt(1)
     store_chunks(side, stored)
     a = request(side, "a", stored)  # every chunk block stored: a consumer blends it
@@ -715,3 +716,72 @@ def test_a_blend_error_report_turns_a_blended_request_into_a_fallback(tmp_path):
     assert side._dumps(side._states["a"], len(tokens) + 8) == []
     report = side.request_finished(req)["ucm"]
     assert report["fallback"] == "blend_error" and not report["blended"]
+
+
+def _computed_dumps(side, req_id, tokens, **request_kw):
+    """Runs a request with nothing to load through one step that computes its whole prompt; the
+    store keys it dumps (the write of its sightings waited for)."""
+    req = request(side, req_id, tokens, **request_kw)
+    assert side.get_num_new_matched_tokens(req, 0)[0] == 0
+    meta, _ = step(side, [admit(side, req, 0)], {req_id: len(tokens)})
+    for task, _, _ in side._record_writes:
+        side.store.wait(task)
+    side._reap_record_writes()
+    side.request_finished(req)
+    return [d.key for r in meta.requests for d in r.dumps]
+
+
+def _exact_keys(side, req_id, tokens):
+    return {side.key(KeyKind.EXACT, h) for h in request(side, req_id, tokens).block_hashes}
+
+
+def test_a_segment_is_stored_on_its_second_sighting_only(tmp_path):
+    """admission second_sighting: the first request to compute a chunk records a sighting of it and
+    stores none of its KV; the next one (any position, another engine alike) stores it."""
+    side = side_for(tmp_path, admission="second_sighting")
+    tokens = prompt(1)
+    assert _computed_dumps(side, "a", tokens) == []
+    assert side.stats.data["sightings_stored"] == 4  # three chunks and the suffix
+    assert side.stats.data["blocks_not_admitted"] == len(tokens) // BS
+    chunks = split_by_marker(tokens, MARKER).chunks
+    # The first two chunks swapped, a new question: chunks seen before, the suffix not.
+    other = tokens[chunks[1].start:chunks[1].end] + tokens[:chunks[1].start] + tokens[chunks[2].start:] [:-3] + [4, 5, 6]
+    elsewhere = side_for(tmp_path, admission="second_sighting")  # another engine on the same store
+    assert _exact_keys(elsewhere, "b", other) <= set(_computed_dumps(elsewhere, "b", other))  # the whole prompt's exact blocks: each overlaps a chunk seen before
+    assert elsewhere.stats.data["sightings_stored"] == 1  # only its suffix was new
+
+
+def test_a_first_sighting_is_stored_for_an_indexing_request_and_per_tenant(tmp_path):
+    side = side_for(tmp_path, admission="second_sighting")
+    tokens = prompt(2)
+    indexing = tokens[:-3]  # ends with its last chunk: asks nothing
+    assert _exact_keys(side, "index", indexing) <= set(_computed_dumps(side, "index", indexing))
+    assert "sightings_stored" not in side.stats.data
+    marked = request(side, "marked", prompt(3))
+    marked.kv_transfer_params = {"ucm_index": True}
+    assert side.get_num_new_matched_tokens(marked, 0)[0] == 0 and side._states["marked"].admission is None
+    # A tenant's sighting is its own: another tenant's first sighting of the same text stores nothing.
+    assert _computed_dumps(side, "t1", prompt(4), cache_salt="tenant-1") == []
+    assert _computed_dumps(side, "t2", prompt(4), cache_salt="tenant-2") == []
+    assert _computed_dumps(side, "t1-again", prompt(4), cache_salt="tenant-1") != []
+
+
+def test_first_sighting_policy_stores_everything_computed(tmp_path):
+    side = side_for(tmp_path, admission="first_sighting")
+    tokens = prompt(5)
+    assert _exact_keys(side, "a", tokens) <= set(_computed_dumps(side, "a", tokens))
+    assert "sightings_stored" not in side.stats.data and "blocks_not_admitted" not in side.stats.data
+
+
+def test_adaptive_admission_stores_first_sightings_while_requests_find_their_chunks(tmp_path):
+    side = side_for(tmp_path)  # admission "adaptive", the default
+    # A new engine assumes reuse: its first requests store what they compute.
+    assert _exact_keys(side, "new", prompt(6)) <= set(_computed_dumps(side, "new", prompt(6)))
+    for i in range(4):  # requests that find nothing: the evidence says no reuse
+        _computed_dumps(side, f"miss-{i}", prompt(20 + i))
+    assert _computed_dumps(side, "unseen", prompt(9)) == []  # a first sighting stores nothing now
+    tokens = prompt(7)
+    store_chunks(side, tokens)
+    for i in range(2):  # requests that find every chunk block they look up
+        first_step(side, request(side, f"hit-{i}", tokens))
+    assert _exact_keys(side, "new-too", prompt(8)) <= set(_computed_dumps(side, "new-too", prompt(8)))

@@ -56,6 +56,9 @@ class BlendPlan:
     prefix_tokens: int
     layout: ChunkLayout
     blocks: tuple[ChunkBlock, ...]
+    # Per chunk of the layout, its last block's hash: names the chunk's text wherever it sits
+    # (admission.py records sightings under it).
+    chunk_last_hashes: tuple[BlockHash, ...] = ()
 
     @property
     def loaded(self) -> tuple[ChunkBlock, ...]:
@@ -110,8 +113,9 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
 
     ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
     """
-    candidates = [(h, c, s) for h, c, s in chunk_blocks(layout, token_ids, hasher, isolation)
-                  if s.end > prefix_tokens]
+    every = chunk_blocks(layout, token_ids, hasher, isolation)
+    last = {c: h for h, c, _ in every}  # the last block of each chunk wins
+    candidates = [(h, c, s) for h, c, s in every if s.end > prefix_tokens]
     hashes = [h for h, _, _ in candidates]
     exact = lookup(KeyKind.EXACT, hashes) if hashes else []
     need_chunk = [h for h, hit in zip(hashes, exact) if not hit]
@@ -127,7 +131,8 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
                 else KeyKind.CHUNK_REF if h in refs else None)
         blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start),
                                  ref=refs.get(h)))
-    return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks))
+    return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks),
+                     tuple(last[c.start] for c in layout.chunks))
 
 
 def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:

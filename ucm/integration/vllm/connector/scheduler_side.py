@@ -17,15 +17,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ucm.config import CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM
+from ucm.config import CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM, INDEX_PARAM
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunk, BackgroundChunks
 from ucm.integration.vllm.connector.request_params import REPORT_KEY, RequestParamPolicy
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.faults import ErrorLog, inject
+from ucm.sparse.blend.admission import (SIGHTING_RECORD, Admission, RecentHits, admits_first_sighting, asks_nothing,
+                                        prompt_segments)
 from ucm.sparse.blend.chunk_refs import REF_BYTES, ChunkRef, decode_ref, encode_ref, make_ref, ref_pieces
-from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
+from ucm.sparse.blend.chunking import ChunkLayout, Span, split_by_lengths, split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher, IsolationKeys
 from ucm.sparse.blend.plan import (BlendPlan, blend_region_end, bounded_region_end, build_plan, region_hit_share,
                                    region_work)
@@ -78,6 +80,7 @@ class _RequestState:
     fallback: str | None = None  # why a request with loaded chunk KV was not (or not wholly) blended
     refused: tuple[str, ...] = ()  # per-request parameters it sent that the operator does not allow
     untrusted: bool = False  # a load failed or its region was not run: nothing more of it is dumped
+    admission: Admission | None = None  # which segments it stores (admission.py); None: all
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
@@ -152,11 +155,14 @@ class SchedulerSide:
         self._waiting: dict[str, float] = {}  # req_id -> when it started waiting for pending dumps
         self._deferred: dict[str, tuple[int, _RequestState]] = {}  # deferred at the cap: (computed, plan)
         self._refs_waiting: list[_WaitingRef] = []  # chunk references whose exact blocks are not yet confirmed
-        self._ref_writes: list[tuple[Task, list[bytes]]] = []  # written by the store's threads, not yet reaped
+        # Records (chunk references, sightings) written by the store's threads, not yet reaped: (task,
+        # records, counter prefix).
+        self._record_writes: list[tuple[Task, list[bytes], str]] = []
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self._errors = ErrorLog(logger)
         self._lookup_timeouts = 0  # the store's count when last read
         self.params = RequestParamPolicy(self.blend)
+        self._recent_hits = RecentHits()  # chunk lookups of the last requests (admission "adaptive")
         # Missed chunks to compute alone while idle (BlendFirstScheduler takes them); None: off.
         self.background = (BackgroundChunks() if self.blend and self.blend.computes_missed_chunks_alone
                            and self.stores else None)
@@ -201,8 +207,8 @@ class SchedulerSide:
         start = time.perf_counter()
         hits = self.store.lookup(keys)
         found = [i for i, hit in enumerate(hits) if hit]
-        if self._refs_waiting or self._ref_writes:  # this engine is about to write some: worth a short wait
-            coming = {r.key for r in self._refs_waiting} | {k for task, _ in self._ref_writes for k in task.keys}
+        if self._refs_waiting or self._record_writes:  # this engine is about to write some: worth a short wait
+            coming = {r.key for r in self._refs_waiting} | {k for task, _, _ in self._record_writes for k in task.keys}
             self._awaited |= any(not hit and k in coming for hit, k in zip(hits, keys))
         records = [bytearray(REF_BYTES) for _ in found]
         # Small reads on the scheduler's path: a lookup's deadline, not a KV load's (a mount that
@@ -234,19 +240,22 @@ class SchedulerSide:
                 waiting.append(ref)
         self._refs_waiting = waiting
         if ready:
-            records = [r.record for r in ready]
-            self._ref_writes.append((self.store.dump([r.key for r in ready], records, [0] * len(ready)), records))
+            self._write_records([r.key for r in ready], [r.record for r in ready], "chunk_refs")
 
-    def _reap_ref_writes(self) -> None:
+    def _write_records(self, keys: list[bytes], records: list[bytes], counter: str) -> None:
+        """Small records the scheduler writes (not KV): handed to the store's IO threads."""
+        self._record_writes.append((self.store.dump(keys, records, [0] * len(keys)), records, counter))
+
+    def _reap_record_writes(self) -> None:
         still = []
-        for task, records in self._ref_writes:
+        for task, records, counter in self._record_writes:
             if self.store.check(task):
                 ok = self.store.wait(task)
-                self.stats.add("chunk_refs_stored", sum(ok))
-                self.stats.add("chunk_refs_failed", len(ok) - sum(ok))
+                self.stats.add(f"{counter}_stored", sum(ok))
+                self.stats.add(f"{counter}_failed", len(ok) - sum(ok))
             else:
-                still.append((task, records))
-        self._ref_writes = still
+                still.append((task, records, counter))
+        self._record_writes = still
 
     def take_report(self, report: UCMWorkerReport) -> None:
         """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
@@ -419,6 +428,7 @@ class SchedulerSide:
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
         state.refused = refused
+        state.admission = self._admission(params, layout, plan, hashes, exact_stored)
         if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
             end = blend_region_end(plan, prompt_len)
             if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
@@ -438,6 +448,35 @@ class SchedulerSide:
             state.work = region_work(plan, state.blend_end, state.ratio)
             state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
         return state
+
+    def _admission(self, params: dict, layout: ChunkLayout | None, plan: BlendPlan | None, hashes: list[bytes],
+                   exact_stored: list[bool]) -> Admission | None:
+        """Which of the request's segments were computed before (their KV is stored when computed
+        now); None: everything is (first-sighting policy, an indexing request, nothing to store)."""
+        if (not self.stores or self.blend is None or admits_first_sighting(self.blend.admission, self._recent_hits)
+                or asks_nothing(layout) or params.get(INDEX_PARAM) is True):
+            return None
+        if all(exact_stored) and (plan is None or not plan.missed):
+            return None
+        segments = prompt_segments(layout, plan.chunk_last_hashes if plan else (), hashes, self.block_size)
+        start = time.perf_counter()
+        # A sighting the store does not answer for in time counts as none: the KV is not stored.
+        keys = [self.key(KeyKind.SIGHTING, s.fingerprint) for s in segments]
+        seen = self.store.lookup(keys)
+        self.stats.add("lookup_seconds", time.perf_counter() - start)
+        writing = {k for task, _, counter in self._record_writes if counter == "sightings" for k in task.keys}
+        return Admission(tuple(segments), tuple(hit or k in writing for hit, k in zip(seen, keys)))
+
+    def _record_sightings(self, state: _RequestState) -> None:
+        """Records the segments the request computes for the first time (admission.py), and how
+        much of what it looked up it found (an indexing request looks up what it is about to store)."""
+        params, _ = self.request_params(state.request)
+        if state.plan is not None and not asks_nothing(state.plan.layout) and params.get(INDEX_PARAM) is not True:
+            self._recent_hits.add(len(state.plan.loaded), len(state.plan.blocks))
+        fingerprints = state.admission.first_sightings() if state.admission else []
+        if fingerprints:
+            self._write_records([self.key(KeyKind.SIGHTING, h) for h in fingerprints],
+                                [SIGHTING_RECORD] * len(fingerprints), "sightings")
 
     def _failed_plan(self, request: Request, num_computed_tokens: int, exc: BaseException) -> _RequestState:
         """The plan of a request whose lookup raised: no external tokens, nothing stored."""
@@ -466,7 +505,7 @@ class SchedulerSide:
             count_only_reused_as_cached(request, state.work)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> UCMConnectorMetadata:
-        self._reap_ref_writes()
+        self._reap_record_writes()
         self._write_refs()  # those whose exact blocks were confirmed by the last steps' reports
         meta = UCMConnectorMetadata()
         for req_id in scheduler_output.preempted_req_ids or ():
@@ -554,6 +593,8 @@ class SchedulerSide:
             chunk_blocks = blocks.get(span.start)
             if not chunk_blocks or all(b.hit for b in chunk_blocks):
                 continue
+            if state.admission and not state.admission.admits(span):
+                continue  # first sighting: computed alone only when it comes again
             last = max(chunk_blocks, key=lambda b: b.tokens.end)
             queued = self.background.offer(BackgroundChunk(
                 tuple(tokens[span.start:span.end]), last.block_hash,
@@ -575,6 +616,8 @@ class SchedulerSide:
             step.dumps = self._dumps(state, num_computed + num_scheduled)
             return step if step.dumps else None
         state.stepped = True
+        if not state.preemptions:
+            self._record_sightings(state)
         local = num_computed - state.num_external
         if state.preemptions:
             self.stats.add("blend_preemptions")
@@ -657,8 +700,12 @@ class SchedulerSide:
             if b in state.dumped_blocks or b >= len(state.exact_stored):
                 continue
             state.dumped_blocks.add(b)
-            if not state.exact_stored[b]:
-                dumps.append(BlockDump(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
+            if state.exact_stored[b]:
+                continue
+            if state.admission and not state.admission.admits(Span(b * bs, (b + 1) * bs)):
+                self.stats.add("blocks_not_admitted")
+                continue
+            dumps.append(BlockDump(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
         plan = state.plan
         if plan is None:
             return dumps
@@ -677,6 +724,8 @@ class SchedulerSide:
                 continue  # a full exact block at the prompt start is the prefix dump above
             if not exact and self.blend.chunk_store == "alone":
                 continue  # computed after other text: that text must not shape what others reuse
+            if state.admission and not state.admission.admits(blk.tokens):
+                continue  # first sighting of its chunk (its exact blocks are counted above)
             ref = make_ref(blk.tokens, hashes[:state.prompt_len // bs], bs) if as_ref else None
             if ref is not None:  # its KV is in the exact blocks dumped above: stored once, found through a reference
                 self._refs_waiting.append(_WaitingRef(

@@ -47,6 +47,9 @@ COUNTERS: dict[str, str] = {
     "chunk_ref_hit_blocks": "Chunk blocks found as references to stored exact blocks (and read from those)",
     "chunk_refs_stored": "Chunk blocks stored as references to their prompt's exact blocks instead of a copy of their KV",
     "chunk_refs_failed": "Chunk block references the store did not write",
+    "sightings_stored": "Prompt segments (chunks, suffixes) computed for the first time: a sighting recorded instead of their KV (admission)",
+    "sightings_failed": "Sightings the store did not write",
+    "blocks_not_admitted": "Computed prompt blocks not stored: the first sighting of their segment (admission second_sighting)",
     "lookup_timeout_blocks": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",

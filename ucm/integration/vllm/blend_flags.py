@@ -1,0 +1,139 @@
+"""Blend turned on the way the vLLM Blend plugin's users do it, without the JSON.
+
+`ucm-vllm serve MODEL --enable-blend [--blend-check-layers 1] [--blend-recompute-ratios 0.15]
+[--blend-store DIR] [--blend-chunk-end-token-id ID | --blend-separator TEXT]` is rewritten to
+`--kv-transfer-config` with the README's connector config, and `blend_transfer_config` gives the
+same to Python (`LLM(..., kv_transfer_config=KVTransferConfig(**blend_transfer_config(...)))`).
+What we do not support yet is refused with an error naming the flag: several check layers
+(CacheBlend's gradual filtering) and a separator of more than one token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ucm.config import UCMConfig, UCMConfigError, attn_layer_name
+
+ENABLE = "--enable-blend"
+CHECK_LAYERS = "--blend-check-layers"
+RATIOS = "--blend-recompute-ratios"
+STORE = "--blend-store"
+TOKEN = "--blend-chunk-end-token-id"
+SEPARATOR = "--blend-separator"
+VALUE_FLAGS = (CHECK_LAYERS, RATIOS, STORE, TOKEN, SEPARATOR)
+DEFAULT_STORE = "/tmp/ucm-kvcache"  # the README's
+DEFAULT_CHECK_LAYER, DEFAULT_RATIO = 1, 0.15
+CHATML_END = "<|im_end|>"  # ends every chat message of ChatML models: each message is a chunk
+
+
+def blend_transfer_config(store_dir: str | Path = DEFAULT_STORE, chunk_end_token_id: int | None = None,
+                          check_layers: Sequence[int] = (DEFAULT_CHECK_LAYER,),
+                          recompute_ratios: Sequence[float] = (DEFAULT_RATIO,)) -> dict[str, Any]:
+    """The kv_transfer_config (a dict, as `--kv-transfer-config` takes it) of Blend on one store
+    directory. One check layer and one ratio (the plugin's lists, of length one)."""
+    if len(check_layers) != 1:
+        raise UCMConfigError(f"{CHECK_LAYERS} {' '.join(map(str, check_layers))}: several check layers (CacheBlend's "
+                             f"gradual filtering) are not supported yet; give one layer, e.g. {DEFAULT_CHECK_LAYER}")
+    if len(recompute_ratios) != 1:
+        raise UCMConfigError(f"{RATIOS} {' '.join(map(str, recompute_ratios))}: one ratio per check layer, and one "
+                             f"check layer is supported; give one ratio, e.g. {DEFAULT_RATIO}")
+    blend: dict[str, Any] = {"chunk_end_token_id": chunk_end_token_id,
+                             "compute_meta": {attn_layer_name(check_layers[0]): {"ratio": recompute_ratios[0]}}}
+    if chunk_end_token_id is None:
+        del blend["chunk_end_token_id"]  # chunks by per-request lengths only
+    return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
+                            "ucm_connector_config": {"storage_backends": str(store_dir)}}],
+        "ucm_sparse_config": {"Blend": blend}}}
+
+
+def _take(argv: list[str], flag: str) -> list[str] | None:
+    """The values after `flag` (up to the next flag), removed from argv; None when absent."""
+    for i, arg in enumerate(argv):
+        if arg == flag or arg.startswith(flag + "="):
+            if "=" in arg:
+                values, end = [arg.split("=", 1)[1]], i + 1
+            else:
+                end = i + 1
+                while end < len(argv) and not (argv[end].startswith("--") and len(argv[end]) > 2):
+                    end += 1
+                values = argv[i + 1:end]
+            if not values:
+                raise UCMConfigError(f"{flag} needs a value")
+            del argv[i:end]
+            return values
+    return None
+
+
+def _numbers(flag: str, values: list[str], kind: type) -> list:
+    try:
+        return [kind(v) for v in values]
+    except ValueError:
+        raise UCMConfigError(f"{flag} takes {kind.__name__}s, got {' '.join(values)!r}") from None
+
+
+def _num_layers(model: str) -> int | None:
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    return data.get("num_hidden_layers") or data.get("text_config", {}).get("num_hidden_layers")
+
+
+def _marker(model: str | None, token: list[str] | None, separator: list[str] | None) -> int:
+    """The chunk end token: given, the one token the separator text is, or ChatML's <|im_end|>."""
+    if token is not None:
+        if len(token) != 1:
+            raise UCMConfigError(f"{TOKEN} takes one token id, got {' '.join(token)!r}")
+        return _numbers(TOKEN, token, int)[0]
+    if model is None:
+        raise UCMConfigError(f"{ENABLE} without a model to read the chunk end token from: give {TOKEN}")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if separator is not None:
+        text = " ".join(separator)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise UCMConfigError(f"{SEPARATOR} {text!r} is {len(ids)} tokens for this model's tokenizer; a "
+                                 f"separator of one token is supported (it ends the chunk before it): use "
+                                 f"{TOKEN} or a one-token separator")
+        return ids[0]
+    if CHATML_END not in tokenizer.get_vocab():
+        raise UCMConfigError(f"{ENABLE}: the model's vocabulary has no {CHATML_END}; give {TOKEN} (the id of the "
+                             f"token that ends each chunk) or {SEPARATOR}")
+    return tokenizer.convert_tokens_to_ids(CHATML_END)
+
+
+def translate_serve_flags(argv: list[str]) -> list[str]:
+    """`serve` argv with the Blend flags replaced by the `--kv-transfer-config` they mean; other
+    argv unchanged. A Blend flag without --enable-blend, or with --kv-transfer-config, is an error."""
+    argv = list(argv)
+    blend_flags = [a for a in argv if a == ENABLE or any(a == f or a.startswith(f + "=") for f in VALUE_FLAGS)]
+    if argv[1:2] != ["serve"] or not blend_flags:
+        return argv
+    if ENABLE not in argv:
+        raise UCMConfigError(f"{blend_flags[0]} needs {ENABLE}")
+    if any(a == "--kv-transfer-config" or a.startswith("--kv-transfer-config=") for a in argv):
+        raise UCMConfigError(f"{ENABLE} builds --kv-transfer-config: give one or the other")
+    argv.remove(ENABLE)
+    layers = _numbers(CHECK_LAYERS, _take(argv, CHECK_LAYERS) or [str(DEFAULT_CHECK_LAYER)], int)
+    ratios = _numbers(RATIOS, _take(argv, RATIOS) or [str(DEFAULT_RATIO)], float)
+    store = _take(argv, STORE)
+    token, separator = _take(argv, TOKEN), _take(argv, SEPARATOR)
+    if token is not None and separator is not None:
+        raise UCMConfigError(f"give {TOKEN} or {SEPARATOR}, not both")
+    model = argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None
+    num_layers = _num_layers(model) if model else None
+    if num_layers is not None:
+        for layer in layers:
+            if not 0 <= layer < num_layers:
+                raise UCMConfigError(f"{CHECK_LAYERS}: layer {layer} does not exist; this model has {num_layers} "
+                                     f"layers (0 .. {num_layers - 1})")
+    config = blend_transfer_config(store[0] if store else DEFAULT_STORE, _marker(model, token, separator), layers,
+                                   ratios)
+    UCMConfig.from_extra_config(config["kv_connector_extra_config"])  # a bad ratio is named now, not in the engine
+    return argv + ["--kv-transfer-config", json.dumps(config)]

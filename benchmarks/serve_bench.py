@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         if not args.no_plain:
             proc = start_server(model, port, args.serve_args.split(), log, None)
             wait_healthy(url, proc)
-            asyncio.run(measure_plain(url, prompts, levels, args.max_tokens, prompt_tokens, results, out))
+            asyncio.run(measure_plain(url, index[:1], prompts, levels, args.max_tokens, prompt_tokens, results, out))
         print_table(results)
         if not args.no_plot:
             plot(results, out.with_suffix(".png"))
@@ -232,14 +232,14 @@ async def measure(url, index, prompts, levels, max_tokens, prompt_tokens, result
             out.write_text(json.dumps(results, indent=1))
 
 
-async def measure_plain(url, prompts, levels, max_tokens, prompt_tokens, results, out) -> None:
-    """The measured prompts on plain vLLM at every concurrency (after one untimed request, as the
-    Blend server had its indexing pass)."""
+async def measure_plain(url, warmup, prompts, levels, max_tokens, prompt_tokens, results, out) -> None:
+    """The measured prompts on plain vLLM at every concurrency, after `warmup` (untimed, as the
+    Blend server had its indexing pass: a passage alone, so it shares no prefix with them)."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=900)
     name = (await client.models.list()).data[0].id
-    await run_phase(client, name, prompts[:1], 1, "plain-warmup", "plain", 1)
+    await run_phase(client, name, warmup, 1, "plain-warmup", "plain", 1)
     for c in levels:
         phase = await run_phase(client, name, prompts, c, f"plain-c{c}", "plain", max_tokens)
         row = {"mode": "plain", "concurrency": c, **summarize(phase, prompt_tokens, {}, {})}

@@ -727,7 +727,7 @@ def _computed_dumps(side, req_id, tokens, **request_kw):
     for task, _, _ in side._record_writes:
         side.store.wait(task)
     side._reap_record_writes()
-    side.request_finished(req)
+    side.last_report = side.request_finished(req)["ucm"]
     return [d.key for r in meta.requests for d in r.dumps]
 
 
@@ -742,6 +742,7 @@ def test_a_segment_is_stored_on_its_second_sighting_only(tmp_path):
     tokens = prompt(1)
     assert _computed_dumps(side, "a", tokens) == []
     assert side.stats.data["sightings_stored"] == 4  # three chunks and the suffix
+    assert side.last_report["first_sightings"] == 4 and side.last_report["dumped_blocks"] == 0
     assert side.stats.data["blocks_not_admitted"] == len(tokens) // BS
     chunks = split_by_marker(tokens, MARKER).chunks
     # The first two chunks swapped, a new question: chunks seen before, the suffix not.

@@ -575,6 +575,8 @@ class SchedulerSide:
             "preemptions": state.preemptions,
             "refused_params": list(state.refused),
             "dumped_blocks": state.num_dumped,
+            # segments (chunks, the suffix) computed for the first time: a sighting stored, not their KV
+            "first_sightings": len(state.admission.first_sightings()) if state.admission else 0,
         }}
 
     # ---- internals ---------------------------------------------------------------------

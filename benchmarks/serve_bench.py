@@ -62,10 +62,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-MODES = ("blend", "full", "plain")  # Blend; Blend off through the connector; plain vLLM (no connector)
-
-
 async def one_request(client, model, prompt, salt, mode: str, max_tokens: int) -> dict:
+    """mode: "blend"; "full" (Blend off through the connector); "plain" (vLLM without the connector)."""
     token_ids, chunk_lengths = prompt
     kv = {"ucm_chunk_lengths": chunk_lengths}
     if mode == "full":

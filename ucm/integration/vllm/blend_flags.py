@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ucm.config import UCMConfig, UCMConfigError, attn_layer_name
+from ucm.integration.vllm.llm import ucm_transfer_dict
 
 ENABLE = "--enable-blend"
 CHECK_LAYERS = "--blend-check-layers"
@@ -40,14 +41,8 @@ def blend_transfer_config(store_dir: str | Path = DEFAULT_STORE, chunk_end_token
     if len(recompute_ratios) != 1:
         raise UCMConfigError(f"{RATIOS} {' '.join(map(str, recompute_ratios))}: one ratio per check layer, and one "
                              f"check layer is supported; give one ratio, e.g. {DEFAULT_RATIO}")
-    blend: dict[str, Any] = {"chunk_end_token_id": chunk_end_token_id,
-                             "compute_meta": {attn_layer_name(check_layers[0]): {"ratio": recompute_ratios[0]}}}
-    if chunk_end_token_id is None:
-        del blend["chunk_end_token_id"]  # chunks by per-request lengths only
-    return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
-        "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
-                            "ucm_connector_config": {"storage_backends": str(store_dir)}}],
-        "ucm_sparse_config": {"Blend": blend}}}
+    # chunk_end_token_id None: chunks by per-request lengths only
+    return ucm_transfer_dict(store_dir, recompute_ratios[0], chunk_end_token_id, attn_layer_name(check_layers[0]))
 
 
 def _take(argv: list[str], flag: str) -> list[str] | None:

@@ -57,6 +57,16 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
     more UcmNfsStore keys, such as its timeouts; `blend_options`: more Blend keys)."""
     from vllm.config import KVTransferConfig
 
+    return KVTransferConfig(**ucm_transfer_dict(store_dir, blend_ratio, chunk_end_token_id, check_layer, capacity_gb,
+                                                chunk_store, kv_shift, store_options, blend_options))
+
+
+def ucm_transfer_dict(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int | None = 2,
+                      check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
+                      chunk_store: str | None = None, kv_shift: float | None = None,
+                      store_options: dict[str, Any] | None = None,
+                      blend_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The same as a dict, as `--kv-transfer-config` takes it in JSON."""
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
     if capacity_gb is not None:
         store["capacity_gb"] = capacity_gb
@@ -70,7 +80,7 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
         if kv_shift is not None:
             extra["ucm_sparse_config"]["Blend"]["compute_meta"][check_layer]["kv_shift"] = kv_shift
         extra["ucm_sparse_config"]["Blend"].update(blend_options or {})
-    return KVTransferConfig(kv_connector="UCMConnector", kv_role="kv_both", kv_connector_extra_config=extra)
+    return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
 
 
 def shutdown(llm) -> None:

@@ -81,6 +81,7 @@ class _RequestState:
     refused: tuple[str, ...] = ()  # per-request parameters it sent that the operator does not allow
     untrusted: bool = False  # a load failed or its region was not run: nothing more of it is dumped
     admission: Admission | None = None  # which segments it stores (admission.py); None: all
+    indexing: bool = False  # it asks nothing (ends with a chunk) or sent ucm_index: stores on first sighting
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done
     dumped_chunk_blocks: set[int] = field(default_factory=set)  # indices into plan.blocks
@@ -428,7 +429,8 @@ class SchedulerSide:
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
         state.refused = refused
-        state.admission = self._admission(params, layout, plan, hashes, exact_stored)
+        state.indexing = asks_nothing(layout) or params.get(INDEX_PARAM) is True
+        state.admission = self._admission(state.indexing, plan, hashes, exact_stored)
         if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
             end = blend_region_end(plan, prompt_len)
             if end > plan.prefix_tokens and region_hit_share(plan, end) < self.blend.min_hit_share:
@@ -449,16 +451,17 @@ class SchedulerSide:
             state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
         return state
 
-    def _admission(self, params: dict, layout: ChunkLayout | None, plan: BlendPlan | None, hashes: list[bytes],
+    def _admission(self, indexing: bool, plan: BlendPlan | None, hashes: list[bytes],
                    exact_stored: list[bool]) -> Admission | None:
         """Which of the request's segments were computed before (their KV is stored when computed
         now); None: everything is (first-sighting policy, an indexing request, nothing to store)."""
-        if (not self.stores or self.blend is None or admits_first_sighting(self.blend.admission, self._recent_hits)
-                or asks_nothing(layout) or params.get(INDEX_PARAM) is True):
+        if (not self.stores or self.blend is None or indexing
+                or admits_first_sighting(self.blend.admission, self._recent_hits)):
             return None
         if all(exact_stored) and (plan is None or not plan.missed):
             return None
-        segments = prompt_segments(layout, plan.chunk_last_hashes if plan else (), hashes, self.block_size)
+        segments = prompt_segments(plan.layout if plan else None, plan.chunk_last_hashes if plan else (), hashes,
+                                   self.block_size)
         start = time.perf_counter()
         # A sighting the store does not answer for in time counts as none: the KV is not stored.
         keys = [self.key(KeyKind.SIGHTING, s.fingerprint) for s in segments]
@@ -470,8 +473,7 @@ class SchedulerSide:
     def _record_sightings(self, state: _RequestState) -> None:
         """Records the segments the request computes for the first time (admission.py), and how
         much of what it looked up it found (an indexing request looks up what it is about to store)."""
-        params, _ = self.request_params(state.request)
-        if state.plan is not None and not asks_nothing(state.plan.layout) and params.get(INDEX_PARAM) is not True:
+        if state.plan is not None and not state.indexing:
             self._recent_hits.add(len(state.plan.loaded), len(state.plan.blocks))
         fingerprints = state.admission.first_sightings() if state.admission else []
         if fingerprints:

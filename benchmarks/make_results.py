@@ -18,6 +18,7 @@ from ucm.eval.metrics import bootstrap_ci
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs" / "results.md"
+HISTORY = REPO / "docs" / "results-history.md"
 README = REPO / "README.md"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
 
@@ -444,6 +445,19 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_generated6.json", "qwen15_heldout_generated6.json", "qwen05_long_generated4.json"]
+# The latest page: (the benchmark, its latest run); every other run goes to the history page.
+LATEST = [
+    ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_heldout_generated6.json"),
+    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_generated4.json"),
+    ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
+    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
+    ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
+    ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
+    ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
+    ("Store under faults", "store_faults.json"),
+]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
                      "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
@@ -837,68 +851,106 @@ def study_table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def _section(title: str, header: str, name: str, render) -> list[str]:
-    """A results section: title, how it was made, then `render(data)` of the result file, or "(not run)"."""
+def _section(title: str, header: str, name: str, render) -> tuple[str, list[str]]:
+    """A results section: (its file, [title, how it was made, `render(data)` of the file, or "(not run)"])."""
     path = RESULTS / name
     body = render(json.loads(path.read_text())) if path.is_file() else ["(not run)"]
-    return [f"## {title}", "", header, "", *body, ""]
+    return name, [f"## {title}", "", header, "", *body, ""]
 
 
-def results_page() -> str:
-    out = ["# Results", "",
-           "Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
-           "do not edit by hand. Each section names the command that wrote its file. Reference machine: "
-           "2 CPU cores, no GPU, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, check layer 1. Interpretation and the "
-           "variants tried: [research.md](research.md). The default `kv_shift` is 0.5 since 2026-11-24; runs "
-           "made without it reproduce with `--kv-shift 0` added to their command.", ""]
+def sections() -> list[tuple[str, list[str]]]:
+    """Every run's section, in the history's order (each kind newest first)."""
+    out = []
     for name, title, command in QUALITY_RUNS:
-        out += _section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)])
+        out.append(_section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)]))
     name, command = SERVE_RUN
-    out += ["## Serving under load", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
-    path = RESULTS / name
-    if path.is_file():
-        data = json.loads(path.read_text())
-        out += [f"{data['questions']} {data['dataset']} questions, ~{data['mean_prompt_tokens']:.0f}-token prompts, "
-                f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data), ""]
-    else:
-        out += ["(not run)", ""]
+    out.append(_section("Serving under load", f"`{command}` -> `benchmarks/results/{name}`", name, lambda data: [
+        f"{data['questions']} {data['dataset']} questions, ~{data['mean_prompt_tokens']:.0f}-token prompts, "
+        f"ratio {data['ratio']}, vLLM's default scheduler settings.", "", serve_table(data)]))
     first_path = RESULTS / SERVE_RUN[0]
     first = json.loads(first_path.read_text()) if first_path.is_file() else None
     for name, title, command in SERVE_RERUNS:
-        out += _section(title, f"`{command}`", name, lambda data: [serve_table(data), "", rerun_answers(data, first)])
+        out.append(_section(title, f"`{command}`", name, lambda data: [serve_table(data), "", rerun_answers(data, first)]))
     for name, title, command, base in TRAFFIC_RUNS:
         baseline = json.loads((RESULTS / base).read_text()) if base and (RESULTS / base).is_file() else None
         note = f" Plain vLLM's rows: `{base}` (the same stream)." if base else ""
-        out += _section(title, f"`{command}`{note}", name, lambda data: traffic_table(data, baseline))
+        out.append(_section(title, f"`{command}`{note}", name, lambda data: traffic_table(data, baseline)))
     name, command = HIT_THRESHOLD_RUN
-    out += _section("Where Blend pays: one request, k of 10 passages cached", f"`{command}`", name,
-                    hit_threshold_table)
+    out.append(_section("Where Blend pays: one request, k of 10 passages cached", f"`{command}`", name,
+                        hit_threshold_table))
     name, command = FAULTS_RUN
-    out += ["## Store under faults", "", f"`{command}` -> `benchmarks/results/{name}`", ""]
-    path = RESULTS / name
-    out += [faults_table(json.loads(path.read_text())) if path.is_file() else "(not run)", ""]
+    out.append(_section("Store under faults", f"`{command}` -> `benchmarks/results/{name}`", name,
+                        lambda data: [faults_table(data)]))
     for name, title, command in EVAL_RUNS:
-        out += _section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)])
+        out.append(_section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)]))
     for title, base_name, new_name, pairs in PAIRED:
         base = RESULTS / base_name
-        out += _section(title, f"Question by question: `{base_name}` against `{new_name}`.", new_name,
-                        lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
-                        if base.is_file() else ["(not run)"])
+        section = _section(title, f"Question by question: `{base_name}` against `{new_name}`.", new_name,
+                           lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
+                           if base.is_file() else ["(not run)"])
+        out.append((f"{base_name} vs {new_name}", section[1]))
     for name, title, command in STUDY_RUNS:
-        out += _section(title, f"`{command}`", name, lambda data: [
+        out.append(_section(title, f"`{command}`", name, lambda data: [
             f"{data['n']} generated questions, KL to full prefill teacher-forced over 2 answer tokens, 16-token "
-            "greedy answers, float32 (see the script's docstring for each variant).", "", study_table(data)])
+            "greedy answers, float32 (see the script's docstring for each variant).", "", study_table(data)]))
+    return out
+
+
+def _host_line(name: str) -> str:
+    """Where a run ran, from what its JSON recorded (older runs recorded less)."""
+    data = json.loads((RESULTS / name).read_text())
+    host = data.get("host") or data.get("config") or {}
+    parts = [f"`{name}`"]
+    if host.get("started"):
+        parts.append(f"started {host['started']}")
+    if host.get("commit"):
+        parts.append(f"code {host['commit']}")
+    if host.get("cpu_isa"):
+        parts.append(f"CPU {host['cpu_isa']}")
+    if host.get("cpu_count"):
+        parts.append(f"{host['cpu_count']} cores")
+    return "Run: " + ", ".join(parts) + "."
+
+
+_PREAMBLE = ("Printed by `python benchmarks/make_results.py` from the JSON files in `benchmarks/results/`; "
+             "do not edit by hand. Each section names the command that wrote its file. Reference machine: "
+             "2 CPU cores, no GPU, vllm-cpu 0.32.0, SmolLM2-135M-Instruct unless a section names another model, "
+             "check layer 1. Interpretation and the variants tried: [research.md](research.md). The default "
+             "`kv_shift` is 0.5 since 2026-11-24; runs made without it reproduce with `--kv-shift 0` added to "
+             "their command. Hosts differ in speed (AVX2, AVX-512, AMX): compare seconds only within a run.")
+
+
+def results_page() -> str:
+    """Today's result of each benchmark: the latest run of each kind (LATEST)."""
+    by_name = dict(sections())
+    out = ["# Results", "", _PREAMBLE, "",
+           "The latest run of each benchmark; every earlier run, superseded or kept for its comparison: "
+           "[results-history.md](results-history.md).", ""]
+    for kind, name in LATEST:
+        title, *rest = by_name[name]
+        out += [f"## {kind}", "", title.replace("## ", "**", 1) + "**", "", _host_line(name), *rest[1:]]
+    return "\n".join(out)
+
+
+def history_page() -> str:
+    """Every run not on the latest page, each kind newest first."""
+    latest = {name for _, name in LATEST}
+    out = ["# Results: history", "", _PREAMBLE, "", "Today's numbers: [results.md](results.md).", ""]
+    for name, lines in sections():
+        if name not in latest:
+            out += lines
     return "\n".join(out)
 
 
 def main() -> int:
     DOCS.write_text(results_page())
+    HISTORY.write_text(history_page())
     text = README.read_text()
     if HEADLINE_BEGIN in text and HEADLINE_END in text:
         head, rest = text.split(HEADLINE_BEGIN, 1)
         _, tail = rest.split(HEADLINE_END, 1)
         README.write_text(f"{head}{HEADLINE_BEGIN}\n{headline()}\n{HEADLINE_END}{tail}")
-    print(f"wrote {DOCS.relative_to(REPO)} and the headline of README.md")
+    print(f"wrote {DOCS.relative_to(REPO)}, {HISTORY.relative_to(REPO)} and the headline of README.md")
     return 0
 
 

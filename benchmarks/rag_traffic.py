@@ -69,6 +69,7 @@ from _serving import (DTYPE, blend_config, counters, free_port, load_examples, p
                       wait_healthy)
 from ucm.argparse_help import HelpFormatter
 from ucm.eval.metrics import top_k_kl
+from ucm.eval.summary import host_record
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
@@ -599,7 +600,7 @@ def main(argv=None) -> int:
     levels = [("rate", r) for r in args.rates] if args.rates else [("concurrency", c) for c in args.concurrency]
     results = {"dataset": dataset, "config": {k: v for k, v in vars(args).items() if k != "model"},
                "mean_prompt_tokens": sum(len(ids) for ids, _ in prompts) / len(prompts), "ratio": RATIO, "dtype": DTYPE,
-               "unique_passages": len(index), "runs": [], "speedup": {}}
+               "unique_passages": len(index), "runs": [], "speedup": {}, "host": host_record()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))

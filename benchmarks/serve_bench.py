@@ -36,10 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _serving import (DTYPE, REPO, blend_config, counters, free_port, load_examples, percentile, start_server,
+from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server,
                       stop_server, wait_healthy)
 from ucm.config import KV_SHIFT_DEFAULT
 from ucm.argparse_help import HelpFormatter
+from ucm.eval.summary import host_record
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "serve_bench.json"  # results to keep: --out benchmarks/results/...
 RATIO = 0.15
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     prompt_tokens = sum(len(ids) for ids, _ in prompts)
     results = {"dataset": dataset, "questions": len(prompts), "mean_prompt_tokens": prompt_tokens / len(prompts),
-               "ratio": RATIO, "dtype": DTYPE, "kv_shift": KV_SHIFT_DEFAULT, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": []}
+               "ratio": RATIO, "dtype": DTYPE, "kv_shift": KV_SHIFT_DEFAULT, "serve_args": args.serve_args, "max_tokens": args.max_tokens, "phases": [],
+               "host": host_record()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     store = tempfile.mkdtemp(prefix="ucm-serve-bench-")

@@ -80,15 +80,19 @@ KV_SHIFT_DEFAULT = 0.5  # compute_meta kv_shift when absent: half the chunk mean
 # its tokens after the exact prefix has chunk KV stored (fewer hits: vLLM computes it as usual).
 MIN_HIT_SHARE_DEFAULT = 0.25
 # Default cap on a step's Blend rows, per token of vLLM's step budget: with the server's 2048 on CPU,
-# 8192 rows hold a whole 6k-token RAG region (misses and question included) in one step; at 1x,
-# 7 of 11 blended requests of the Zipf stream were cut and lost the reuse after the cut
-# (docs/serving.md, "Bounded steps").
+# 8192 rows hold a whole 6k-token RAG region (misses and question included) in one step, so a
+# blended request is rarely cut and loses no reuse (docs/serving.md, "Bounded steps").
 STEP_CAP_PER_BUDGET = 4
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
 # true: store the request's KV on its first sighting, as an indexing request's (ucm_sparse_config.Blend.admission).
 INDEX_PARAM = "ucm_index"
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
                   CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, INDEX_PARAM)
+
+# The keys of ucm_sparse_config.Blend and of one compute_meta entry (docs/configuration.md lists each).
+BLEND_KEYS = frozenset({"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
+                        "chunk_store", "min_hit_share", "chunk_refs", "background_chunks", "admission"})
+LAYER_META_KEYS = frozenset({"ratio", "selection", "chunk_start_tokens", "kv_shift"})
 
 _ATTN_LAYER_RE = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.attn")
 _ATTN_LAYER_EXAMPLE = "model.layers.1.self_attn.attn"
@@ -269,8 +273,7 @@ class BlendConfig:
     @classmethod
     def from_dict(cls, d: Any, path: str = "ucm_sparse_config.Blend") -> BlendConfig:
         d = _mapping(d, path)
-        _warn_unknown(d, {"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
-                          "chunk_store", "min_hit_share", "chunk_refs", "background_chunks", "admission"}, path)
+        _warn_unknown(d, BLEND_KEYS, path)
         admission = d.get("admission", ADAPTIVE)
         if admission not in ADMISSION_POLICIES:
             raise UCMConfigError(f"{path}.admission must be one of {', '.join(map(repr, ADMISSION_POLICIES))}, "
@@ -326,7 +329,7 @@ class BlendConfig:
             )
         layer_path = _key(meta_path, layer_name)
         layer_meta = _mapping(layer_meta, layer_path)
-        _warn_unknown(layer_meta, {"ratio", "selection", "chunk_start_tokens", "kv_shift"}, layer_path)
+        _warn_unknown(layer_meta, LAYER_META_KEYS, layer_path)
         kv_shift = kv_shift_share(layer_meta.get("kv_shift", KV_SHIFT_DEFAULT))
         if kv_shift is None:
             raise UCMConfigError(f"{layer_path}.kv_shift must be a number in [0, 1] (or true / false), "

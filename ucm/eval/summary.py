@@ -209,6 +209,25 @@ def started_at_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.returncode else "")
 
 
+def cpu_isa() -> str:
+    """The widest x86 ISA level this CPU has for vLLM's kernels (amx, avx512_bf16, avx512f, avx2 or
+    the machine's name): results from hosts of different levels are not comparable in seconds."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    for flag, name in (("amx_bf16", "amx"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "avx512f"), ("avx2", "avx2")):
+        if flag in flags:
+            return name
+    return platform.machine()
+
+
+def host_record() -> dict:
+    """Where and from what code a benchmark ran: its JSON's `host`."""
+    return {"commit": started_at_commit(), "cpu_isa": cpu_isa(), "cpu_count": os.cpu_count(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def write_results_json(path: str | Path, args, results: Sequence[QuestionResult], summaries: Sequence[ModeSummary],
                        modes: Sequence[Mode], started: float, counters: dict) -> None:
     """A run as JSON: its configuration, the summary of each mode and every answer of every question."""
@@ -229,7 +248,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "check_layer": getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
             "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
-            "machine": platform.machine(),
+            "machine": platform.machine(), "cpu_isa": cpu_isa(),
             "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1),
         },

@@ -162,9 +162,8 @@ def query_weighted_score(
 
     ``deviation`` is a squared L2 distance (`token_deviation`, summable over tensor-parallel
     shards); its root, the size of the error the token's stale V puts into the attention, weighs
-    it against the attention as the oracle ranking does (`oracle_layer_score`). The square gave
-    the deviation twice the weight: with the default kv_shift, on generated questions 100-199,
-    agreement with full prefill 86% / 87% at ratio 0.15 / 0.3 against 84% / 84% (docs/research.md).
+    it against the attention as the oracle ranking does (`oracle_layer_score`); the square gave
+    the deviation twice the weight and agreed less often with full prefill (docs/research.md).
     """
     weighted = torch.where(candidates, mass * deviation.clamp(min=0).sqrt(), torch.full_like(mass, -1.0))
     return torch.where(probed, weighted, deviation)

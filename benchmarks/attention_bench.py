@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ucm.argparse_help import HelpFormatter
-from ucm.integration.vllm.connector.kv_layout import CpuKVLayout
+from ucm.integration.vllm.kv_layout import CpuKVLayout
 from ucm.sparse.blend.tiled_attention import NATIVE_ISAS, TilePlan, paged_causal_attention, tiled_causal_attention
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "attention_bench.json"  # results to keep: --out benchmarks/results/...

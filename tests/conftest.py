@@ -31,7 +31,7 @@ def cache_write(monkeypatch):
     build cannot pack AMX pages, ISA "amx" is written by the reference tiling instead
     (cpu_probes.py), so the AMX page-map code is still tested there."""
     pytest.importorskip("vllm")
-    import ucm.integration.vllm.connector.kv_layout as kv_layout
+    import ucm.integration.vllm.kv_layout.cpu as kv_layout
     from cpu_probes import cache_write_op
 
     op = cache_write_op(kv_layout._vllm_cpu_reshape_and_cache())

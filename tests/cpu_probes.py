@@ -24,7 +24,7 @@ def amx_write_unsupported() -> str | None:
     """
     if os.environ.get("UCM_TESTS_REFUSE_AMX_WRITE") == "1":
         return "UCM_TESTS_REFUSE_AMX_WRITE=1"
-    from ucm.integration.vllm.connector.kv_layout import _vllm_cpu_reshape_and_cache
+    from ucm.integration.vllm.kv_layout.cpu import _vllm_cpu_reshape_and_cache
 
     op = _vllm_cpu_reshape_and_cache()
     if op is None:

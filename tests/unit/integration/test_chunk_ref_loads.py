@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ucm.integration.vllm.connector.kv_layout import layout_for
+from ucm.integration.vllm.kv_layout import layout_for
 from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.connector.worker_side import WorkerSide
 from ucm.sparse.blend.chunk_refs import make_ref, ref_pieces

@@ -1,4 +1,4 @@
-"""Token-level KV access (ucm.integration.vllm.connector.kv_layout) against vLLM's own cache layouts.
+"""Token-level KV access (ucm.integration.vllm.kv_layout) against vLLM's own cache layouts.
 
 CPU_ATTN: caches are written with vLLM's ``cpu_attn_reshape_and_cache`` op, exactly as
 ``CPUAttentionBackendImpl.do_kv_cache_update`` calls it, and everything is compared bit-exactly.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ucm.integration.vllm.connector.kv_layout import (
+from ucm.integration.vllm.kv_layout import (
     SUPPORTED_BACKENDS,
     CpuKVLayout,
     FlashKVLayout,
@@ -197,7 +197,7 @@ def test_cpu_amx_page_map(block_size, head_size):
     pytest.importorskip("vllm")
     from cpu_probes import amx_page_map_reference, amx_write_unsupported
 
-    from ucm.integration.vllm.connector.kv_layout import _page_map
+    from ucm.integration.vllm.kv_layout.cpu import _page_map
 
     if amx_write_unsupported():
         pytest.skip(amx_write_unsupported())

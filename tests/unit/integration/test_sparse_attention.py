@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ucm.integration.vllm.connector.kv_layout import layout_for
+from ucm.integration.vllm.kv_layout import layout_for
 from ucm.sparse.blend.runs import causal_attention_reference, pseudo_request_metadata
 
 HQ, HK, D, BS = 9, 3, 64, 32

@@ -9,16 +9,22 @@ side needs the other's internals.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from ucm.integration.vllm.connector.kv_layout import KVLayout
-from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.integration.vllm.kv_layout import KVLayout
 from ucm.sparse.blend.vocabulary import Selection
 
 # Names of the Blend model classes instantiated in this process (ucm.integration.vllm.blend.models
 # adds them): a Blend config without one would hand regions to a forward that never runs them.
 BLEND_MODELS_BUILT: list[str] = []
+
+
+class Counters(Protocol):
+    """The worker's counters as the forward sees them (the connector's UCMConnectorStats)."""
+
+    def add(self, name: str, value: int | float = 1) -> None: ...
 
 
 @dataclass
@@ -50,6 +56,6 @@ class BlendStep:
     check_layer: int
     layout: KVLayout
     caches: list[torch.Tensor]  # every layer's paged KV cache (the check layer's holds fresh KV once it ran)
-    stats: UCMConnectorStats  # the worker's counters: the forward adds recomputed / reused tokens
+    stats: Counters  # the worker's counters: the forward adds recomputed / reused tokens
     rope: tuple | None = None  # (float32 cos/sin cache, is_neox_style) of the model: the KV shift rotates K errors
     max_rows: int | None = None  # the scheduler's cap on the rows run beside vLLM's (checked, counted if passed)

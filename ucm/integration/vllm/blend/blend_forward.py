@@ -55,104 +55,160 @@ def _count_rows(step: BlendStep, compute: torch.Tensor, scheduled: torch.Tensor 
 
 
 def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
-    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+    """The step's forward in phases: the batch with its region rows, the roles of its rows, the
+    layers before the check layer for the rows that need them now, the ranking of the loaded rows
+    (deviation at the check layer; the question's attention for the query rule), the selection,
+    then the check layer and the later layers on the rows that go on."""
     from vllm.forward_context import get_forward_context
 
     batch = _with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds)
+    roles = _row_roles(batch, step)
+    early = model.layers[:step.check_layer]
+    oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries) \
+        if bool(roles.oracled.any()) else None  # diagnostic: before anything below touches the cache
+    hidden, residual = run_layers(early, batch.rows, ~roles.deferred, batch.hidden, None)
+    score, candidates, hidden, residual = _score_loaded_rows(model, step, batch, roles, hidden, residual, oracle)
+    deferred = roles.deferred if candidates is None else roles.deferred & ~candidates
+    selected = _select(step, batch, roles, score)
+    compute = _rows_to_compute(step, batch, roles, selected)
+    # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
+    # loaded chunk reused in full.
+    hidden, residual = run_layers(early, batch.rows, compute & deferred, hidden, residual)
+    return _run_from_check_layer(model, step, batch, roles, compute, hidden, residual)
+
+
+@dataclass
+class _RowRoles:
+    """What each row of the batch is to the phases of the forward (``[n]`` bool unless noted)."""
+
+    loaded: torch.Tensor  # its slot holds loaded KV
+    loaded_index: torch.Tensor  # [n] long: which loaded row it is (-1: not loaded)
+    last: torch.Tensor  # its request's last row (the sampler reads it)
+    probe_queries: torch.Tensor  # question rows of requests ranked by the query rule
+    probed: torch.Tensor  # [num_reqs] requests ranked by the query rule that have question rows
+    probe_rows: torch.Tensor  # rows without loaded KV of probed requests: the probe runs them over the loaded KV
+    oracle_queries: torch.Tensor  # question rows of requests ranked by the oracle
+    oracled: torch.Tensor  # [num_reqs]
+    at_starts: torch.Tensor  # [num_reqs] requests that recompute their chunks' first tokens only
+    # Loaded rows that skip the layers before the check layer for now: those of probed requests
+    # (their deviation is measured on candidates only), of requests ranked by the oracle, of
+    # requests reusing everything and of "chunk_start" requests (no deviation measured). Those
+    # layers' KV is the loaded one for them, which for layer 0 is exact (it depends on the token
+    # and its position alone).
+    deferred: torch.Tensor
+
+
+def _row_roles(batch: _Batch, step: BlendStep) -> _RowRoles:
     b = batch.rows
-    positions, segment, hidden = b.positions, b.segment, batch.hidden
-    n = positions.shape[0]
-    layers, check = model.layers, step.check_layer
-    device = hidden.device
+    positions, segment, slot_mapping = b.positions, b.segment, b.slot_mapping
+    n, device = positions.shape[0], positions.device
     qsl = b.meta.query_start_loc.long()
     num_reqs = qsl.shape[0] - 1
     last = torch.zeros(n, dtype=torch.bool, device=device)
-    last[qsl[1:] - 1] = True  # every request's last token feeds the sampler
-
-    # Rows whose slot holds loaded KV, and which loaded row each one is.
-    slot_mapping = b.slot_mapping
-    row = torch.full((n,), -1, dtype=torch.long, device=device)
+    last[qsl[1:] - 1] = True
+    loaded_index = torch.full((n,), -1, dtype=torch.long, device=device)
     if step.loaded_slots.numel():
         table = torch.full((int(max(slot_mapping.max().item(), step.loaded_slots.max().item())) + 1,), -1,
                            dtype=torch.long, device=slot_mapping.device)
         table[step.loaded_slots] = torch.arange(step.loaded_slots.shape[0], device=slot_mapping.device)
-        row = table[slot_mapping.clamp(min=0)]
-        row[slot_mapping < 0] = -1
-    loaded = row >= 0
-
+        loaded_index = table[slot_mapping.clamp(min=0)]
+        loaded_index[slot_mapping < 0] = -1
+    loaded = loaded_index >= 0
     ratios = batch.ratios
     ranked = (ratios > 0) & (ratios < 1)  # ratio 0 / 1 select none / all: nothing to rank
     question = probe_query_mask(loaded, segment, num_reqs, eligible=positions < batch.question_end[segment])
-    queries = question & (ranked & (batch.rules == Selection.QUERY))[segment]
-    probed = _requests_with(queries, segment, num_reqs)
+    probe_queries = question & (ranked & (batch.rules == Selection.QUERY))[segment]
+    probed = _requests_with(probe_queries, segment, num_reqs)
     oracle_queries = question & (ranked & (batch.rules == Selection.ORACLE))[segment]
     oracled = _requests_with(oracle_queries, segment, num_reqs)
-    oracle = None
-    if bool(oracled.any()):  # diagnostic: before anything below touches the cache
-        oracle = oracle_score(model, step, b, hidden, loaded, oracle_queries)
-    # Loaded rows that skip the layers before the check layer for now: those of probed requests
-    # (their deviation is measured on candidates only), of requests ranked by the oracle and of
-    # requests reusing everything. Those layers' KV is the loaded one for them, which for layer 0
-    # is exact (it depends on the token and its position alone).
-    # "chunk_start" requests measure no deviation: their loaded rows wait like full reuse's.
     at_starts = batch.rules == Selection.CHUNK_START
-    lazy = loaded & (probed | oracled | (ratios == 0) | at_starts)[segment]
-    hidden, residual = run_layers(layers[:check], b, ~lazy, hidden, None)
+    deferred = loaded & (probed | oracled | (ratios == 0) | at_starts)[segment]
+    return _RowRoles(loaded, loaded_index, last, probe_queries, probed, ~loaded & probed[segment], oracle_queries,
+                     oracled, at_starts, deferred)
 
-    # Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is
-    # mostly RoPE-position noise and predicts later-layer error worse (measured, see README).
-    deviation = torch.zeros(n, dtype=torch.float32, device=device)
-    rule_of_row = batch.rules[segment]
-    _add_deviation(deviation, layers[check], step, b, rule_of_row, row, loaded & ~lazy, hidden, residual)
-    tp = get_tensor_model_parallel_world_size() > 1  # deviation and mass are per-rank partial sums over heads
+
+def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, hidden, residual, oracle):
+    """Each loaded row's selection score, and the probe's candidates (None without probed requests).
+
+    Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is mostly
+    RoPE-position noise and predicts later-layer error worse (the key rules measure it anyway).
+    Deviation and attention mass are per-rank partial sums over heads under tensor parallelism:
+    all-reduced, so every rank selects the same rows."""
+    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+
+    b, check_layer = batch.rows, model.layers[step.check_layer]
+    num_reqs = batch.ratios.shape[0]
+    deviation = torch.zeros(b.positions.shape[0], dtype=torch.float32, device=hidden.device)
+    rule_of_row = batch.rules[b.segment]
+    _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, roles.loaded & ~roles.deferred,
+                   hidden, residual)
+    tp = get_tensor_model_parallel_world_size() > 1
     candidates = mass = None
-    probe_rows = ~loaded & probed[segment]  # run through every layer by the probe, over the loaded KV
-    if bool(probed.any()):
-        mass = _query_attention_mass(model, step, b, hidden, residual, probe_rows, queries)
-        if tp:  # every rank must pick the same candidates
+    if bool(roles.probed.any()):
+        mass = _query_attention_mass(model, step, b, hidden, residual, roles.probe_rows, roles.probe_queries)
+        if tp:
             mass = tensor_model_parallel_all_reduce(mass)
-        candidates = probe_candidates(mass, loaded, probed[segment], segment, ratios, num_segments=num_reqs)
-        hidden, residual = run_layers(layers[:check], b, candidates, hidden, residual)
-        _add_deviation(deviation, layers[check], step, b, rule_of_row, row, candidates, hidden, residual)
-        lazy &= ~candidates
+        candidates = probe_candidates(mass, roles.loaded, roles.probed[b.segment], b.segment, batch.ratios,
+                                      num_segments=num_reqs)
+        hidden, residual = run_layers(model.layers[:step.check_layer], b, candidates, hidden, residual)
+        _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, candidates, hidden, residual)
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
-    score = deviation if candidates is None else query_weighted_score(mass, deviation, probed[segment],
+    score = deviation if candidates is None else query_weighted_score(mass, deviation, roles.probed[b.segment],
                                                                       candidates)
     if oracle is not None:
         if tp:
             oracle = tensor_model_parallel_all_reduce(oracle)
-        score = torch.where(oracled[segment], oracle, score)
-    # Chunk-start rows (EPIC) come first, within a ranked request's ratio.
+        score = torch.where(roles.oracled[b.segment], oracle, score)
+    return score, candidates, hidden, residual
+
+
+def _select(step: BlendStep, batch: _Batch, roles: _RowRoles, score: torch.Tensor) -> torch.Tensor:
+    """The loaded rows recomputed: each request's top ratio by score, chunk-start rows (EPIC)
+    first and, for "chunk_start" requests, alone."""
+    segment = batch.rows.segment
     score = torch.where(batch.near_chunk_start, torch.full_like(score, float("inf")), score)
     inject("select")
-    hkvd = select_hkvd(score, loaded & ~at_starts[segment], segment, ratios, num_segments=num_reqs)
-    hkvd |= loaded & batch.near_chunk_start
-    num_selected, num_loaded = int(hkvd.sum()), int(loaded.sum())
+    selected = select_hkvd(score, roles.loaded & ~roles.at_starts[segment], segment, batch.ratios,
+                           num_segments=batch.ratios.shape[0])
+    selected |= roles.loaded & batch.near_chunk_start
+    num_selected, num_loaded = int(selected.sum()), int(roles.loaded.sum())
     step.stats.add("recomputed_tokens", num_selected)
     step.stats.add("reused_tokens", num_loaded - num_selected)
-    # Misses between loaded chunks keep the KV the probe wrote (running them twice cost a blended
-    # request on a RAG stream about as much as its misses: docs/research.md, "The probe's second
-    # pass"). The question, every row after the last loaded one and not only the rows the probe
-    # scored, runs again over the recomputed and shifted KV: the answer reads it most.
-    kept = probe_rows & ~rows_after_loaded(loaded, segment, num_reqs) & ~last
+    return selected
+
+
+def _rows_to_compute(step: BlendStep, batch: _Batch, roles: _RowRoles, selected: torch.Tensor) -> torch.Tensor:
+    """Rows that go through the check layer and the later layers: every row without loaded KV,
+    the selected ones and each request's last row, less the misses the probe already computed.
+
+    Misses between loaded chunks keep the KV the probe wrote (running them twice costs a blended
+    request about as much as its misses: docs/research.md, "The probe's second pass"). The
+    question, every row after the last loaded one and not only the rows the probe scored, runs
+    again over the recomputed and shifted KV: the answer reads it most."""
+    segment = batch.rows.segment
+    kept = roles.probe_rows & ~rows_after_loaded(roles.loaded, segment, batch.ratios.shape[0]) & ~roles.last
     if batch.scheduled is None:  # every row is vLLM's
         kept[:] = False
     else:
         kept[batch.scheduled] = False
-    compute = (~loaded & ~kept) | hkvd | last
-    _count_rows(step, compute | probe_rows, batch.scheduled)
-    # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
-    # loaded chunk reused in full.
-    hidden, residual = run_layers(layers[:check], b, compute & lazy, hidden, residual)
+    compute = (~roles.loaded & ~kept) | selected | roles.last
+    _count_rows(step, compute | roles.probe_rows, batch.scheduled)
+    return compute
 
-    pseudo = pseudo_request_metadata(compute, segment, positions.long())
-    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens, n, check,
-                 pseudo.num_runs)
+
+def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRoles, compute, hidden,
+                          residual) -> torch.Tensor:
+    """The check layer and the later layers on the `compute` rows over the loaded (and shifted)
+    KV of the others; returns the final norm of vLLM's rows, in its order."""
+    b = batch.rows
+    pseudo = pseudo_request_metadata(compute, b.segment, b.positions.long())
+    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens,
+                 b.positions.shape[0], step.check_layer, pseudo.num_runs)
     idx = pseudo.token_indices
-    shift = _kv_shift_plan(batch, step, loaded & ~compute, idx, loaded[idx])
+    shift = _kv_shift_plan(batch, step, roles.loaded & ~compute, idx, roles.loaded[idx])
     inject("forward")
-    h, r = run_subset(layers[check:], b, pseudo, hidden, residual, shift)
+    h, r = run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual, shift)
     if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
         hidden, residual = hidden.clone(), torch.zeros_like(hidden)
     hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
@@ -160,6 +216,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     # Only vLLM's rows go back, in its order (the sampler reads them); padding rows stay zero.
     rows = batch.scheduled if batch.scheduled is not None else slice(None)
     out = hidden.new_zeros(batch.num_input_rows, hidden.shape[1])
+    n = b.positions.shape[0]
     out[:n if batch.scheduled is None else batch.scheduled.shape[0]], _ = model.norm(hidden[rows], residual[rows])
     return out
 

@@ -21,7 +21,7 @@ class BlendRows:
 
     fc: object  # vLLM's forward context: each pass swaps in its own attention metadata and slots
     layer_names: list[str]  # the attention layers, in order (one KV-cache group)
-    layout: object  # the KV cache layout (connector.kv_layout)
+    layout: object  # the KV cache layout (ucm.integration.vllm.kv_layout)
     meta: object  # attention metadata over these rows (vLLM's own when no region was inserted)
     positions: torch.Tensor  # [n]
     slot_mapping: torch.Tensor  # [n] int64

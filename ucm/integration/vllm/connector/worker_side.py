@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, RegionRows
-from ucm.integration.vllm.connector.kv_layout import KVLayout, layout_for, slots_for_positions
+from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats

@@ -17,7 +17,8 @@ import pytest
 
 from ucm.config import UCMConfig
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
-from ucm.integration.vllm.connector.scheduler_side import SchedulerSide, isolation_of
+from ucm.integration.vllm.connector.request_state import isolation_of
+from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
 from ucm.integration.vllm.faults import FAULTS_ENV
 from ucm.sparse.blend.chunking import split_by_marker
 from ucm.sparse.blend.hashing import BlockHasher
@@ -140,11 +141,11 @@ def test_blend_work_over_the_step_cap_waits_a_step(tmp_path):
     assert side.get_num_new_matched_tokens(b, 0) == (21, False)
     assert not lookups  # a deferred request keeps its plan
     salted = list(b.block_hashes)
-    side._restore_hashes(b)  # salted from the originals, not twice
+    side.hashes.restore(b)  # salted from the originals, not twice
     assert b.block_hashes == original_b
-    side._salt_hashes(b, 0)
+    side.hashes.salt(b, 0)
     assert b.block_hashes == salted
-    side._restore_hashes(b)
+    side.hashes.restore(b)
     assert b.block_hashes == original_b
 
 
@@ -205,7 +206,7 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
     for path in (tmp_path / "store").rglob("*"):
         if path.is_file():
             path.unlink()
-    side._pending.clear()
+    side.view.pending.clear()
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
     assert side.stats.data["blend_fallbacks_preempted"] == 1
     meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
@@ -405,7 +406,7 @@ def _store_shards(side, tokens, shards):
     from ucm.store.keys import shard_key
 
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
-    keys = [shard_key(side.key(KeyKind.CHUNK, b.block_hash), r, side.num_shards) for b in plan.blocks for r in shards]
+    keys = [shard_key(side.key(KeyKind.CHUNK, b.block_hash), r, side.view.num_shards) for b in plan.blocks for r in shards]
     sizes = [len(b.tokens) for b in plan.blocks for _ in shards]
     assert all(side.store.wait(side.store.dump(keys, [np.zeros(64 * n, dtype=np.uint8) for n in sizes], sizes)))
     return plan
@@ -422,13 +423,13 @@ def test_a_dump_counts_as_stored_only_once_the_workers_confirm_it(tmp_path):
     assert side.get_num_new_matched_tokens(a, 0) == (0, False)  # nothing stored: computed in full
     meta, _ = step(side, [admit(side, a, 0)], {"a": len(tokens)})
     dumps = [d for r in meta.requests for d in r.dumps]
-    assert dumps and all(d.key in side._pending for d in dumps)
+    assert dumps and all(d.key in side.view.pending for d in dumps)
     b = request(side, "b", tokens)
     assert side.get_num_new_matched_tokens(b, 0) == (None, False)  # its blocks are being written: wait
     assert side.stats.data["dump_waits"] == 1
     side.take_report(UCMWorkerReport(not_stored={dumps[0].key}))
     side.take_report(UCMWorkerReport(stored={d.key: 1 for d in dumps[1:]}))
-    assert not side._pending
+    assert not side.view.pending
     # The worker's report says the first was not stored: a miss, however long it waits.
     assert side.get_num_new_matched_tokens(b, 0) == (0, False)
 
@@ -437,7 +438,7 @@ def test_tensor_parallel_blocks_are_found_only_with_every_ranks_shard(tmp_path):
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
     side = side_for(tmp_path)
-    side.num_shards = 2
+    side.view.num_shards = 2
     tokens = prompt(3)
     _store_shards(side, tokens, shards=[0])  # rank 1's shards missing: no chunk hit
     assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0) == (0, False)
@@ -445,11 +446,11 @@ def test_tensor_parallel_blocks_are_found_only_with_every_ranks_shard(tmp_path):
     assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (21, False)
     single = side_for(tmp_path)  # a TP=1 engine on the same directory finds none of them
     assert single.get_num_new_matched_tokens(request(single, "c", tokens), 0) == (0, False)
-    side._pending[b"k"] = time.monotonic()
+    side.view.pending[b"k"] = time.monotonic()
     side.take_report(UCMWorkerReport(stored={b"k": 1}))
-    assert b"k" in side._pending  # one rank of two
+    assert b"k" in side.view.pending  # one rank of two
     side.take_report(UCMWorkerReport(stored={b"k": 1}))
-    assert b"k" not in side._pending
+    assert b"k" not in side.view.pending
 
 
 def test_a_request_whose_load_failed_dumps_nothing_more_and_says_so(tmp_path):
@@ -518,7 +519,7 @@ def test_chunks_computed_in_full_are_found_through_references_to_their_exact_blo
     dumps = _computed_in_full(side, "a", a)
     assert all(d.rope_delta == 0 for d in dumps)  # exact blocks only: no KV rotated back and stored twice
     for _ in range(100):  # the references are written by the store's threads
-        side._reap_record_writes()
+        side.view.reap_record_writes()
         if side.stats.data.get("chunk_refs_stored") == 4:
             break
         time.sleep(0.01)
@@ -546,7 +547,7 @@ def test_a_reference_whose_exact_blocks_are_gone_is_a_miss(tmp_path):
     a = prompt(1)
     dumps = _computed_in_full(side, "a", a)
     side.store.close()  # the references are written
-    side.store = create_store("UcmNfsStore", {"storage_backends": str(tmp_path / "store")})
+    side.view.store = create_store("UcmNfsStore", {"storage_backends": str(tmp_path / "store")})
     gone = next(d for d in dumps if d.start == 16)  # holds rows 16..19: the blocks (13, 4) and (17, 2) of a
     os.remove(side.store.block_path(gone.key))
     b = request(side, "b", a[0:6] + a[13:19] + a[6:13] + a[19:])
@@ -724,9 +725,9 @@ def _computed_dumps(side, req_id, tokens, **request_kw):
     req = request(side, req_id, tokens, **request_kw)
     assert side.get_num_new_matched_tokens(req, 0)[0] == 0
     meta, _ = step(side, [admit(side, req, 0)], {req_id: len(tokens)})
-    for task, _, _ in side._record_writes:
+    for task, _, _ in side.view.record_writes:
         side.store.wait(task)
-    side._reap_record_writes()
+    side.view.reap_record_writes()
     side.last_report = side.request_finished(req)["ucm"]
     return [d.key for r in meta.requests for d in r.dumps]
 

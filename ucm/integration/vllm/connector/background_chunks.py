@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ucm.config import CHUNK_LENGTHS_PARAM
+
+if TYPE_CHECKING:
+    from ucm.integration.vllm.connector.request_state import RequestState
 
 # Chunks queued at most; a missed chunk beyond it is dropped (background_chunks_dropped).
 QUEUE_LIMIT = 256
@@ -63,3 +68,28 @@ class BackgroundChunks:
         if chunk.last_hash not in self._keys:
             self._queue.appendleft(chunk)
             self._keys.add(chunk.last_hash)
+
+
+def missed_chunks(state: RequestState, by_lengths: bool) -> list[BackgroundChunk]:
+    """Every chunk after the prompt's first with a block the store did not have and whose segment
+    is admitted (a first sighting is computed alone only when it comes again). `by_lengths`: the
+    request gave chunk lengths, so alone the chunk is given its length the same way."""
+    request, plan = state.request, state.plan
+    blocks: dict[int, list] = {}
+    for blk in plan.blocks:
+        blocks.setdefault(blk.chunk_start, []).append(blk)
+    tokens = request.prompt_token_ids
+    out = []
+    for span in plan.layout.chunks[1:]:
+        chunk_blocks = blocks.get(span.start)
+        if not chunk_blocks or all(b.hit for b in chunk_blocks):
+            continue
+        if state.admission and not state.admission.admits(span):
+            continue
+        last = max(chunk_blocks, key=lambda b: b.tokens.end)
+        out.append(BackgroundChunk(
+            tuple(tokens[span.start:span.end]), last.block_hash,
+            getattr(request, "lora_request", None), getattr(request, "cache_salt", None),
+            getattr(request, "_block_hasher", None),
+            {CHUNK_LENGTHS_PARAM: [len(span)]} if by_lengths else None))
+    return out

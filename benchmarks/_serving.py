@@ -28,15 +28,16 @@ def free_port() -> int:
 
 
 def blend_config(store: str, ratio: float, request_params: list[str], capacity_gb: float | None = None,
-                 blend_extra: dict | None = None) -> dict:
+                 blend_extra: dict | None = None, chunk_end_token_id: int = 2) -> dict:
     """The README's connector config: one UcmNfsStore in `store`, Blend at `ratio` on layer 1
-    (`blend_extra`: more ucm_sparse_config.Blend keys)."""
+    (`blend_extra`: more ucm_sparse_config.Blend keys); `chunk_end_token_id`: the model's
+    `<|im_end|>` (2 in SmolLM2's vocabulary)."""
     store_config: dict = {"storage_backends": store}
     if capacity_gb:
         store_config["capacity_gb"] = capacity_gb
     return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": store_config}],
-        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": 2,
+        "ucm_sparse_config": {"Blend": {"chunk_end_token_id": chunk_end_token_id,
                                         "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio,
                                                                                          "kv_shift": KV_SHIFT_DEFAULT}},
                                         # what the benchmark's clients set per request (the operator's call)

@@ -605,10 +605,13 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     envs = core_binding(args.instances, os.sched_getaffinity(0))
+    from ucm.eval.prompts import chunk_end_token_id
+
+    marker = chunk_end_token_id(tokenizer)  # the model's <|im_end|>: each chat message a chunk
     for server in args.servers:
         store = tempfile.mkdtemp(prefix="ucm-rag-traffic-") if server == "blend" else None
         ktc = blend_config(store, RATIO, ["ucm_chunk_lengths"], args.capacity_gb,
-                           json.loads(args.blend_config)) if store else None
+                           json.loads(args.blend_config), marker) if store else None
         ports: list[int] = []
         while len(ports) < args.instances:
             if (port := free_port()) not in ports:

@@ -183,7 +183,10 @@ def main(argv=None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(out.with_suffix(".server.log"), "w")
-    ktc = blend_config(store, RATIO, ["ucm_chunk_lengths", "ucm_disable_blend"])
+    from ucm.eval.prompts import chunk_end_token_id
+
+    ktc = blend_config(store, RATIO, ["ucm_chunk_lengths", "ucm_disable_blend"],
+                       chunk_end_token_id=chunk_end_token_id(tokenizer))
     proc = start_server(model, port, args.serve_args.split(), log, ktc)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     try:

@@ -222,8 +222,8 @@ class BlendConfig:
     chunk_start_tokens: int | None = None
     # Move the stored KV of the tokens not recomputed by this share of their chunk's mean error,
     # measured on its recomputed tokens at every layer from the check layer on (sparse/blend/kv_shift.py);
-    # 0: off. true is 1 and false 0. Default 0.5: next-token KL to full prefill halved on MuSiQue and the
-    # generated set, at +0.1-0.2 s TTFT on ~6k tokens.
+    # 0: off. true is 1 and false 0. Default 0.5, the share that brought the next-token KL to full
+    # prefill lowest for little time (docs/research.md, "A share of the mean").
     kv_shift: float = KV_SHIFT_DEFAULT
     # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
     # blended region and the recomputed share), summed over the requests blended in one step;

@@ -156,7 +156,7 @@ class RunStore:
 
 def bfloat16_note(dtype: str | None) -> str | None:
     """A hint when a float32 CPU run leaves a faster dense baseline unmeasured: with AMX or
-    AVX512-BF16, bfloat16 prefill measured 1.4x (AVX512-BF16) to 3x (AMX) faster than float32."""
+    AVX512-BF16, bfloat16 prefill is faster than float32 (docs/research.md, "Pick the dtype")."""
     import torch
 
     from ucm.integration.vllm.llm import is_cpu_platform

@@ -19,7 +19,7 @@ CONNECTOR_NAME = "UCMConnector"
 # parameters come from API clients there (see ucm_sparse_config.Blend.request_params).
 API_SERVER_ENV = "UCM_API_SERVER"
 # vLLM architecture name -> our class, as "module:Class": vLLM imports it only where a model is
-# built (the workers), so the plugin costs the other processes no model imports (~1 s each).
+# built (the workers), so the plugin costs the other processes no model imports.
 BLEND_MODELS = {
     "LlamaForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",
     "MistralForCausalLM": "ucm.integration.vllm.blend.models:BlendLlamaForCausalLM",

@@ -2,8 +2,8 @@
 
 A chunk's stored KV was computed without the text that now precedes it. At every layer the
 tokens Blend recomputes show how far their stored K and V are from the fresh ones; a large part
-of that error is common to the whole chunk (measured on SmolLM2-135M with full prefill as the
-reference: the chunk's mean error holds 20-50% of the error energy of K and V at layers 3-22,
+of that error is common to the whole chunk (with full prefill as the reference, the chunk's mean
+error holds a large share of the error energy of K and V in the middle layers: docs/research.md,
 benchmarks/reuse_study.py). So at each layer the mean error of a chunk's recomputed tokens is
 added to the stored KV of its other tokens before attention reads it. K is compared before RoPE
 (errors un-rotated by each token's position, the mean rotated to each target's position), since

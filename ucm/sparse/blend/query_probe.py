@@ -30,10 +30,8 @@ MAX_PROBE_QUERIES = 32
 
 
 # Candidates per selected token: the deviation is measured for the top `CANDIDATE_FACTOR * ratio` of
-# a probed request's loaded tokens by attention. Offline study (then ranked by attention per cost) at ratio 0.15 (KL to the
-# full-prefill next-token distribution): 3 ranks as well as measuring every token (16 MuSiQue
-# questions 0.0650 vs 0.0654; 20 generated 0.0720 vs 0.0721, same 95% agreement); 2 and 1.5 lose
-# on the generated set (0.0746, 0.0809).
+# a probed request's loaded tokens by attention: 3 ranked as well as measuring every token in the
+# offline study, fewer lost quality (docs/research.md, "The probe's candidates").
 CANDIDATE_FACTOR = 3.0
 
 # Bound on the float32 score buffer of one query chunk (elements): 64 MiB.

@@ -5,8 +5,8 @@ consecutive positions. Given one pseudo-request per run, a paged-attention kerne
 request's whole K/V for every short run and multiplies it with a handful of query rows. Here the
 sorted queries are cut into tiles; each tile is one GEMM against the keys up to its last
 position, and only the causal tail of the tile (keys between its first and last query) is
-masked. Measured on a 2-core CPU for SmolLM2's geometry (945 queries over 6k keys): 1.35x faster
-than vLLM's CPU kernel on the runs. Long runs stay with the kernel (see sparse_attention.py).
+masked: faster than vLLM's CPU kernel on short runs, whose per-run setup dominates (docs/research.md).
+Long runs stay with the kernel (see sparse_attention.py).
 
 `paged_causal_attention` is the same computation in C++ (csrc/paged_attention.cpp): it reads K/V
 pages in place and keeps each page's scores in cache with an online softmax, instead of four
@@ -25,7 +25,7 @@ import torch
 
 from ucm.cpus import other_cpus
 
-DEFAULT_TILE = 32  # queries per tile; 24-48 measured within 5% of each other
+DEFAULT_TILE = 32  # queries per tile; the speed is flat around it
 
 try:
     from ucm.sparse.blend import _attention as _native

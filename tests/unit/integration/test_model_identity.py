@@ -163,3 +163,28 @@ def test_store_namespace_by_content(tmp_path):
     assert store_namespace(fake_vllm_config(copy, served_name=["tenant-x"])) == ns_a
     # Dummy weights (vLLM's seeded random values) are not the files' weights.
     assert store_namespace(fake_vllm_config(a, load_format="dummy")) != ns_a
+
+
+def test_store_namespace_follows_runtime_settings_that_change_kv(tmp_path):
+    """A quantization method or config overrides given at run time change the KV without touching
+    the files: another namespace. A plain engine's namespace does not carry them."""
+    from transformers import LlamaConfig
+
+    a = make_model(tmp_path / "a" / "m", seed=1)
+    plain = store_namespace(fake_vllm_config(a))
+    assert b"quant:" not in plain and b"overrides:" not in plain
+
+    def with_settings(quantization=None, overrides=None, rope_theta=10000.0):
+        config = fake_vllm_config(a)
+        config.model_config.quantization = quantization
+        config.model_config.hf_overrides = overrides or {}
+        config.model_config.hf_text_config = LlamaConfig(num_hidden_layers=2, vocab_size=128, rope_theta=rope_theta)
+        return store_namespace(config)
+
+    assert with_settings() == plain
+    assert b"|quant:fp8" in with_settings(quantization="fp8")
+    scaled = with_settings(overrides={"rope_theta": 20000.0}, rope_theta=20000.0)
+    assert b"|overrides:" in scaled and scaled != plain
+    assert with_settings(overrides={"rope_theta": 40000.0}, rope_theta=40000.0) != scaled
+    # A function override is identified by the config it produced.
+    assert with_settings(overrides=lambda c: c, rope_theta=20000.0) == scaled

@@ -114,3 +114,23 @@ def model_digest(model_path: str, revision: str | None = None, download_dir: str
         if name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(path):
             _update_file(h, path)
     return h.hexdigest()
+
+
+def runtime_identity(model_config) -> list[str]:
+    """Settings of the running engine that change its KV without changing config.json or the
+    weight files: the quantization method vLLM applies (`--quantization`, or one read from the
+    config), and Hugging Face config overrides (`--hf-overrides`, dict or function: RoPE scaling,
+    theta, ...), identified by a digest of the effective text config. Empty when neither is set,
+    so a plain model's namespace does not change."""
+    parts = []
+    quantization = getattr(model_config, "quantization", None)
+    if quantization:
+        parts.append(f"quant:{quantization}")
+    if getattr(model_config, "hf_overrides", None):
+        text = getattr(model_config, "hf_text_config", None)
+        config = text.to_dict() if hasattr(text, "to_dict") else dict(vars(text)) if text is not None else {}
+        for key in _CONFIG_IGNORED:
+            config.pop(key, None)
+        raw = json.dumps(config, sort_keys=True, default=repr, separators=(",", ":")).encode()
+        parts.append("overrides:" + hashlib.blake2b(raw, digest_size=DIGEST_BYTES).hexdigest())
+    return parts

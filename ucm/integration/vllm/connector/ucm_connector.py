@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ucm.config import BlendConfig, UCMConfig
 from ucm.integration.vllm.connector.blend_first_scheduler import QUALNAME as BLEND_FIRST, is_blend_first
 from ucm.integration.vllm.connector.metadata import UCMConnectorMetadata, UCMWorkerReport
-from ucm.integration.vllm.connector.model_identity import model_digest
+from ucm.integration.vllm.connector.model_identity import model_digest, runtime_identity
 from ucm.integration.vllm.connector.scheduler_side import SchedulerSide
 from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetrics
 from ucm.integration.vllm.blend_step import BlendStep
@@ -50,8 +50,9 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
     and weight files, see model_identity.py), never by its path or served name: two fine-tunes in
     directories of the same name get different namespaces, one model mounted at different paths
     (or served under different names) shares its KV. Dummy weights (load_format "dummy", seeded
-    random values whatever the files hold) are marked apart from the real ones. Architecture and
-    shape follow. v1 named the model by its directory; v2 stores are not found by v1 and back.
+    random values whatever the files hold) are marked apart from the real ones, and so are a
+    quantization method and config overrides given at run time (`runtime_identity`). Architecture
+    and shape follow. v1 named the model by its directory; v2 stores are not found by v1 and back.
     """
     mc = vllm_config.model_config
     hf = mc.hf_text_config
@@ -66,6 +67,7 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
         f"L{hf.num_hidden_layers}", f"H{mc.get_total_num_kv_heads()}", f"D{mc.get_head_size()}",
         f"V{getattr(hf, 'vocab_size', 0)}", str(mc.dtype), f"kv:{cache.cache_dtype}",
         f"bs{cache.block_size}", f"hash:{cache.prefix_caching_hash_algo}",
+        *runtime_identity(mc),
     ]
     return "|".join(parts).encode()
 

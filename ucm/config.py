@@ -24,6 +24,7 @@ Unknown keys are logged as warnings, not errors, so a config written for a newer
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -90,7 +91,7 @@ REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTI
                   CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, INDEX_PARAM)
 
 # The keys of ucm_sparse_config.Blend and of one compute_meta entry (docs/configuration.md lists each).
-BLEND_KEYS = frozenset({"chunk_end_token_id", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
+BLEND_KEYS = frozenset({"chunk_end_token_id", "chunk_separator", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
                         "chunk_store", "min_hit_share", "chunk_refs", "background_chunks", "admission"})
 LAYER_META_KEYS = frozenset({"ratio", "selection", "chunk_start_tokens", "kv_shift"})
 
@@ -254,6 +255,10 @@ class BlendConfig:
     # indexing request) or sent with ucm_index stores everything. "first_sighting": everything, always.
     # "adaptive": first sighting while this engine's recent chunk lookups find enough, else second.
     admission: str = ADAPTIVE
+    # Token ids (or text, tokenized once with the model's tokenizer when the engine starts:
+    # `with_separator_ids`) whose every occurrence ends a chunk, LMCache's special string; the
+    # separator belongs to the chunk before it. Excludes chunk_end_token_id.
+    chunk_separator: tuple[int, ...] | str | None = None
 
     @property
     def computes_missed_chunks_alone(self) -> bool:
@@ -311,6 +316,16 @@ class BlendConfig:
                 f"{path}.chunk_end_token_id must be a non-negative int (or absent), got {token!r} "
                 f"({_type_name(token)})"
             )
+        separator = d.get("chunk_separator")
+        if separator is not None:
+            if token is not None:
+                raise UCMConfigError(f"{path}: give chunk_end_token_id or chunk_separator, not both")
+            if isinstance(separator, (list, tuple)) and separator and all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in separator):
+                separator = tuple(separator)
+            elif not (isinstance(separator, str) and separator):
+                raise UCMConfigError(f"{path}.chunk_separator must be a non-empty list of token ids or a non-empty "
+                                     f"string, got {separator!r} ({_type_name(separator)})")
 
         meta_path = f"{path}.compute_meta"
         meta = _mapping(_require(d, "compute_meta", path), meta_path)
@@ -350,6 +365,7 @@ class BlendConfig:
 
         return cls(
             chunk_end_token_id=token,
+            chunk_separator=separator,
             check_layer_name=layer_name,
             check_layer=int(match.group(1)),
             ratio=float(ratio),
@@ -389,6 +405,31 @@ class BlendConfig:
                 f"{path}.chunk_end_token_id {self.chunk_end_token_id} is outside the model's vocabulary "
                 f"(size {vocab_size})"
             )
+        if isinstance(self.chunk_separator, tuple) and max(self.chunk_separator) >= vocab_size:
+            raise UCMConfigError(f"{path}.chunk_separator {list(self.chunk_separator)} holds an id outside the model's "
+                                 f"vocabulary (size {vocab_size})")
+
+    @property
+    def chunk_end(self) -> tuple[int, ...] | None:
+        """The token sequence that ends a chunk (None: chunks come from per-request lengths only)."""
+        if self.chunk_end_token_id is not None:
+            return (self.chunk_end_token_id,)
+        if isinstance(self.chunk_separator, str):
+            raise UCMConfigError("ucm_sparse_config.Blend.chunk_separator text was not tokenized "
+                                 "(with_separator_ids) before use")
+        return self.chunk_separator
+
+    def with_separator_ids(self, tokenize: Callable[[str], list[int]]) -> BlendConfig:
+        """This config with a text `chunk_separator` replaced by its token ids (the model's
+        tokenizer, no special tokens added); the text must tokenize the same inside prompts."""
+        if not isinstance(self.chunk_separator, str):
+            return self
+        ids = tuple(int(t) for t in tokenize(self.chunk_separator))
+        if not ids:
+            raise UCMConfigError(f"ucm_sparse_config.Blend.chunk_separator {self.chunk_separator!r} tokenizes to "
+                                 "no tokens")
+        logger.info("Blend chunk separator %r is tokens %s", self.chunk_separator, list(ids))
+        return dataclasses.replace(self, chunk_separator=ids)
 
 
 # A parsed sparse method's config; a union once more methods are registered.

@@ -157,6 +157,32 @@ def test_chunk_end_token_id_is_optional(token):
     assert parse(extra).sparse.chunk_end_token_id is None
 
 
+def test_a_chunk_separator_of_token_ids_or_text():
+    extra = example()
+    blend = extra["ucm_sparse_config"]["Blend"]
+    del blend["chunk_end_token_id"]
+    blend["chunk_separator"] = [5, 6, 5]
+    config = parse(extra).sparse
+    assert config.chunk_end == (5, 6, 5) and config.with_separator_ids(lambda text: [9]) is config
+    blend["chunk_separator"] = " # # "
+    text = parse(extra).sparse
+    with pytest.raises(UCMConfigError, match="not tokenized"):
+        text.chunk_end
+    assert text.with_separator_ids(lambda t: [7, 8]).chunk_end == (7, 8)
+    with pytest.raises(UCMConfigError, match="tokenizes to no tokens"):
+        text.with_separator_ids(lambda t: [])
+    for bad in ([], "", [1, -2], [True], 3):
+        blend["chunk_separator"] = bad
+        with pytest.raises(UCMConfigError, match="chunk_separator must be"):
+            parse(extra)
+    blend["chunk_separator"], blend["chunk_end_token_id"] = [5, 6], 2
+    with pytest.raises(UCMConfigError, match="not both"):
+        parse(extra)
+    blend["chunk_end_token_id"] = None
+    with pytest.raises(UCMConfigError, match="outside the model's vocabulary"):
+        parse(extra).sparse.validate_for_model(30, 6)
+
+
 @pytest.mark.parametrize("policy, setting, on", [("any", None, False), ("alone", None, True),
                                                  ("alone", False, False), ("any", True, True)])
 def test_missed_chunks_are_computed_alone_by_default_only_under_the_alone_policy(policy, setting, on):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ucm.sparse.blend.chunking import ChunkLayout, Span, split_by_lengths, split_by_marker
+from ucm.sparse.blend.chunking import ChunkLayout, Span, split_by_lengths, split_by_marker, split_by_separator
 
 M = 99  # marker token
 
@@ -85,3 +85,18 @@ def test_layout_must_tile_the_prompt():
         ChunkLayout((Span(0, 2), Span(3, 4)), Span(4, 5))
     with pytest.raises(ValueError):
         ChunkLayout((Span(0, 2),), Span(3, 5))
+
+
+def test_split_by_separator_ends_chunks_with_each_occurrence():
+    sep = (9, 8)
+    layout = split_by_separator([1, 2, 9, 8, 3, 9, 9, 8, 4, 5], sep)
+    assert [(c.start, c.end) for c in layout.chunks] == [(0, 4), (4, 8)]  # the separator ends its chunk
+    assert (layout.suffix.start, layout.suffix.end) == (8, 10)
+    # Overlapping occurrences are taken left to right; a prompt without one is all suffix.
+    assert [(c.start, c.end) for c in split_by_separator([7, 7, 7, 1], (7, 7)).chunks] == [(0, 2)]
+    assert split_by_separator([1, 2, 3], sep).chunks == ()
+    assert split_by_separator([9], sep).chunks == ()
+    # One token: the marker split.
+    assert split_by_separator([1, 2, 5, 3], [5]) == split_by_marker([1, 2, 5, 3], 5)
+    with pytest.raises(ValueError):
+        split_by_separator([1, 2], [])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ucm.config import UCMConfigError
+from ucm.config import UCMConfig, UCMConfigError
 from ucm.integration.vllm.blend_flags import blend_transfer_config, translate_serve_flags
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -36,6 +36,21 @@ def test_the_plugins_flags_build_the_readmes_config(model_dir):
     assert json.loads(serve(model_dir, "--enable-blend", "--blend-separator", "<|im_end|>")[6]) == readme_transfer_config()
 
 
+def test_a_separator_of_several_tokens_is_lmcaches_special_string(model_dir):
+    """LMCache's " # # " is 3 tokens for this tokenizer: the config holds their ids as
+    chunk_separator (no chunk end token), and the config code accepts it."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(model_dir)).encode(" # # ", add_special_tokens=False)
+    assert len(ids) == 3
+    config = json.loads(serve(model_dir, "--enable-blend", "--blend-separator", " # # ")[6])
+    blend = config["kv_connector_extra_config"]["ucm_sparse_config"]["Blend"]
+    assert blend["chunk_separator"] == ids and blend["chunk_end_token_id"] is None
+    assert UCMConfig.from_extra_config(config["kv_connector_extra_config"]).sparse.chunk_end == tuple(ids)
+    with pytest.raises(UCMConfigError, match="not both"):
+        blend_transfer_config("/tmp/s", 2, chunk_separator=ids)
+
+
 def test_other_commands_and_argv_without_blend_flags_are_left_alone(model_dir):
     argv = ["ucm-vllm", "serve", str(model_dir), "--kv-transfer-config", "{}"]
     assert translate_serve_flags(argv) == argv
@@ -47,7 +62,6 @@ def test_other_commands_and_argv_without_blend_flags_are_left_alone(model_dir):
     (("--enable-blend", "--blend-check-layers", "1", "16", "29"), "several check layers"),
     (("--enable-blend", "--blend-recompute-ratios", "0.1", "0.2"), "give one ratio"),
     (("--enable-blend", "--blend-recompute-ratios", "1.5"), "ratio must be a number in [0, 1]"),
-    (("--enable-blend", "--blend-separator", " # # "), "' # # ' is 3 tokens"),
     (("--blend-check-layers", "1"), "--blend-check-layers needs --enable-blend"),
     (("--enable-blend", "--kv-transfer-config", "{}"), "give one or the other"),
     (("--enable-blend", "--blend-chunk-end-token-id", "x"), "takes ints"),

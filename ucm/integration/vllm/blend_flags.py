@@ -4,8 +4,9 @@
 [--blend-store DIR] [--blend-chunk-end-token-id ID | --blend-separator TEXT]` is rewritten to
 `--kv-transfer-config` with the README's connector config, and `blend_transfer_config` gives the
 same to Python (`LLM(..., kv_transfer_config=KVTransferConfig(**blend_transfer_config(...)))`).
+A separator of several tokens (LMCache's `" # # "`) becomes `chunk_separator`, its token ids.
 What we do not support yet is refused with an error naming the flag: several check layers
-(CacheBlend's gradual filtering) and a separator of more than one token.
+(CacheBlend's gradual filtering).
 """
 
 from __future__ import annotations
@@ -32,17 +33,24 @@ CHATML_END = "<|im_end|>"  # ends every chat message of ChatML models: each mess
 
 def blend_transfer_config(store_dir: str | Path = DEFAULT_STORE, chunk_end_token_id: int | None = None,
                           check_layers: Sequence[int] = (DEFAULT_CHECK_LAYER,),
-                          recompute_ratios: Sequence[float] = (DEFAULT_RATIO,)) -> dict[str, Any]:
+                          recompute_ratios: Sequence[float] = (DEFAULT_RATIO,),
+                          chunk_separator: Sequence[int] | str | None = None) -> dict[str, Any]:
     """The kv_transfer_config (a dict, as `--kv-transfer-config` takes it) of Blend on one store
-    directory. One check layer and one ratio (the plugin's lists, of length one)."""
+    directory. One check layer and one ratio (the plugin's lists, of length one); chunks end with
+    `chunk_end_token_id` or with `chunk_separator` (token ids, or text the engine tokenizes)."""
+    if chunk_end_token_id is not None and chunk_separator is not None:
+        raise UCMConfigError("give a chunk end token id or a chunk separator, not both")
     if len(check_layers) != 1:
         raise UCMConfigError(f"{CHECK_LAYERS} {' '.join(map(str, check_layers))}: several check layers (CacheBlend's "
                              f"gradual filtering) are not supported yet; give one layer, e.g. {DEFAULT_CHECK_LAYER}")
     if len(recompute_ratios) != 1:
         raise UCMConfigError(f"{RATIOS} {' '.join(map(str, recompute_ratios))}: one ratio per check layer, and one "
                              f"check layer is supported; give one ratio, e.g. {DEFAULT_RATIO}")
-    # chunk_end_token_id None: chunks by per-request lengths only
-    return ucm_transfer_dict(store_dir, recompute_ratios[0], chunk_end_token_id, attn_layer_name(check_layers[0]))
+    separator = None if chunk_separator is None else {
+        "chunk_separator": chunk_separator if isinstance(chunk_separator, str) else [int(t) for t in chunk_separator]}
+    # chunk_end_token_id and chunk_separator None: chunks by per-request lengths only
+    return ucm_transfer_dict(store_dir, recompute_ratios[0], chunk_end_token_id, attn_layer_name(check_layers[0]),
+                             blend_options=separator)
 
 
 def _take(argv: list[str], flag: str) -> list[str] | None:
@@ -78,12 +86,14 @@ def _num_layers(model: str) -> int | None:
     return data.get("num_hidden_layers") or data.get("text_config", {}).get("num_hidden_layers")
 
 
-def _marker(model: str | None, token: list[str] | None, separator: list[str] | None) -> int:
-    """The chunk end token: given, the one token the separator text is, or ChatML's <|im_end|>."""
+def _chunk_end(model: str | None, token: list[str] | None, separator: list[str] | None) -> tuple[int | None,
+                                                                                             list[int] | None]:
+    """(the chunk end token, the separator's token ids): the token given, the separator text
+    tokenized by the model's tokenizer (one token: the chunk end token), or ChatML's <|im_end|>."""
     if token is not None:
         if len(token) != 1:
             raise UCMConfigError(f"{TOKEN} takes one token id, got {' '.join(token)!r}")
-        return _numbers(TOKEN, token, int)[0]
+        return _numbers(TOKEN, token, int)[0], None
     if model is None:
         raise UCMConfigError(f"{ENABLE} without a model to read the chunk end token from: give {TOKEN}")
     from transformers import AutoTokenizer
@@ -92,15 +102,13 @@ def _marker(model: str | None, token: list[str] | None, separator: list[str] | N
     if separator is not None:
         text = " ".join(separator)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) != 1:
-            raise UCMConfigError(f"{SEPARATOR} {text!r} is {len(ids)} tokens for this model's tokenizer; a "
-                                 f"separator of one token is supported (it ends the chunk before it): use "
-                                 f"{TOKEN} or a one-token separator")
-        return ids[0]
+        if not ids:
+            raise UCMConfigError(f"{SEPARATOR} {text!r} is no token for this model's tokenizer")
+        return (ids[0], None) if len(ids) == 1 else (None, ids)
     if CHATML_END not in tokenizer.get_vocab():
         raise UCMConfigError(f"{ENABLE}: the model's vocabulary has no {CHATML_END}; give {TOKEN} (the id of the "
                              f"token that ends each chunk) or {SEPARATOR}")
-    return tokenizer.convert_tokens_to_ids(CHATML_END)
+    return tokenizer.convert_tokens_to_ids(CHATML_END), None
 
 
 def translate_serve_flags(argv: list[str]) -> list[str]:
@@ -128,7 +136,7 @@ def translate_serve_flags(argv: list[str]) -> list[str]:
             if not 0 <= layer < num_layers:
                 raise UCMConfigError(f"{CHECK_LAYERS}: layer {layer} does not exist; this model has {num_layers} "
                                      f"layers (0 .. {num_layers - 1})")
-    config = blend_transfer_config(store[0] if store else DEFAULT_STORE, _marker(model, token, separator), layers,
-                                   ratios)
+    end_token, separator_ids = _chunk_end(model, token, separator)
+    config = blend_transfer_config(store[0] if store else DEFAULT_STORE, end_token, layers, ratios, separator_ids)
     UCMConfig.from_extra_config(config["kv_connector_extra_config"])  # a bad ratio is named now, not in the engine
     return argv + ["--kv-transfer-config", json.dumps(config)]

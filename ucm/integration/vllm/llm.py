@@ -48,7 +48,7 @@ def make_llm(model: str, **overrides: Any):
     return LLM(**engine_kwargs(model, **overrides))
 
 
-def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int = 2,
+def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int | None = 2,
                         check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
                         chunk_store: str | None = None, kv_shift: float | None = None,
                         store_options: dict[str, Any] | None = None, blend_options: dict[str, Any] | None = None):

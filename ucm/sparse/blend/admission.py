@@ -99,10 +99,6 @@ class Admission:
         """Fingerprints to record: the segments not seen before (each once)."""
         return list(dict.fromkeys(s.fingerprint for s, seen in zip(self.segments, self.seen) if not seen))
 
-    @property
-    def admits_all(self) -> bool:
-        return all(self.seen)
-
 
 class RecentHits:
     """The share of looked-up chunk blocks found, over the last `size` requests that looked any up."""

@@ -91,6 +91,32 @@ def split_by_marker(token_ids: Sequence[int], chunk_end_token_id: int) -> ChunkL
     return ChunkLayout(chunks, Span(last, n))
 
 
+def split_by_separator(token_ids: Sequence[int], separator: Sequence[int]) -> ChunkLayout:
+    """Chunks end at (and include) each occurrence of the token sequence ``separator`` (LMCache's
+    special string, tokenized), found left to right without overlap; the rest is suffix. A
+    one-token separator is ``split_by_marker``."""
+    separator = tuple(int(t) for t in separator)
+    if not separator:
+        raise ValueError("separator must hold at least one token")
+    if len(separator) == 1:
+        return split_by_marker(token_ids, separator[0])
+    tokens = np.asarray(token_ids)
+    n, k = len(tokens), len(separator)
+    if n < k:
+        return ChunkLayout((), Span(0, n))
+    # Candidate starts where every separator token matches, then a left-to-right pass drops overlaps.
+    match = np.ones(n - k + 1, dtype=bool)
+    for i, t in enumerate(separator):
+        match &= tokens[i:n - k + 1 + i] == t
+    ends, free = [], 0
+    for start in np.flatnonzero(match).tolist():
+        if start >= free:
+            free = start + k
+            ends.append(free)
+    starts = [0, *ends[:-1]]
+    return ChunkLayout(tuple(Span(s, e) for s, e in zip(starts, ends)), Span(ends[-1] if ends else 0, n))
+
+
 def split_by_lengths(num_tokens: int, chunk_lengths: Sequence[int]) -> ChunkLayout:
     """Chunks of the given lengths from token 0; the remaining tokens are suffix.
 

@@ -13,7 +13,7 @@ from ucm.integration.vllm.connector.request_state import RequestState
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.connector.store_view import StoreView
 from ucm.sparse.blend.chunk_refs import ref_pieces
-from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_marker
+from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_separator
 from ucm.sparse.blend.plan import ChunkBlock, blend_region_end, bounded_region_end, region_hit_share, region_work
 from ucm.store.keys import KeyKind
 
@@ -31,7 +31,7 @@ STAGED_PER_ROW = 8
 
 def chunk_layout(request: Request, params: dict, blend: BlendConfig, stats: UCMConnectorStats) -> ChunkLayout | None:
     """The request's chunks: by the lengths it sent (`ucm_chunk_lengths`) or by the chunk end
-    token; None when it has none, or its KV depends on more than its token ids (multimodal)."""
+    token (or separator); None when it has none, or its KV depends on more than its token ids (multimodal)."""
     if getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None:
         # Their KV depends on more than the token ids our chunk keys hash: never shared.
         stats.add("blend_skipped_multimodal")
@@ -45,9 +45,9 @@ def chunk_layout(request: Request, params: dict, blend: BlendConfig, stats: UCMC
             logger.warning("request %s: ignoring %s (%s); computing it normally",
                            request.request_id, CHUNK_LENGTHS_PARAM, exc)
             return None
-    if blend.chunk_end_token_id is None:
+    if blend.chunk_end is None:
         return None
-    layout = split_by_marker(tokens, blend.chunk_end_token_id)
+    layout = split_by_separator(tokens, blend.chunk_end)
     return layout if layout.chunks else None
 
 

@@ -7,6 +7,8 @@ installed, by name alone: the `vllm.general_plugins` entry point registers it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -112,6 +114,16 @@ def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
     check_rope_supports_delta(getattr(hf, "rope_parameters", None))
 
 
+def _tokenizer_of(model_config):
+    """The model's tokenizer as a text -> ids function (no special tokens): a text chunk
+    separator is tokenized once, when the scheduler starts."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer, revision=model_config.tokenizer_revision,
+                                              trust_remote_code=model_config.trust_remote_code)
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
 class UCMConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -134,6 +146,9 @@ class UCMConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            if blend is not None and isinstance(blend.chunk_separator, str):
+                blend = blend.with_separator_ids(_tokenizer_of(vllm_config.model_config))
+                self.ucm_config = dataclasses.replace(self.ucm_config, sparse=blend)
             # The store is a cache: a block that cannot be loaded is recomputed, never an error.
             # The scheduler reads this right after creating the connector.
             if vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute":

@@ -6,7 +6,7 @@ answered by full prefill and by Blend at each ratio, one request at a time, back
 vLLM's prefix cache emptied and the store's exact prefix unused before each, so no earlier request
 serves them (see ucm/eval/__init__.py).
 
-    python benchmarks/blend_bench.py                           # full prefill, Blend 0.15, full reuse
+    python benchmarks/blend_bench.py                           # full prefill, Blend at --ratio (0.3), full reuse
     python benchmarks/blend_bench.py --sweep                   # ratios 0 .. 1 -> JSON (+ PNG)
     python benchmarks/blend_bench.py --num-questions 1 --sweep --ratios 0,0.15,1   # quick check
     python benchmarks/blend_bench.py --pareto                  # every rule, KL too -> JSON + PNG frontier

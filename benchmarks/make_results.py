@@ -58,6 +58,12 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen05_ratios_generated8.json", "Qwen2.5-Coder-0.5B-Instruct at ratios 0.15 and 0.3, the query rule and HKVD: the "
+     "same 8 generated questions as qwen05_generated8.json (2026-11-27; 10 passages x 120 words), next-token KL (the unit "
+     "and end-to-end tests shared the cores, so TTFTs are rough)",
+     f"{_Q} --model qwen2.5-coder-0.5b --generated --passages 10 --passage-words 120 --max-tokens 4 --kl-tokens 1 "
+     "--num-questions 8 --sweep --ratios 0,0.15,0.3 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen05_ratios_generated8.json"),
     ("qwen15_rules_generated8.json", "Qwen2.5-Coder-1.5B-Instruct on 8 more held-out generated questions (13-20, 10 "
      "passages x 80 words): every ranked rule at ratios 0.15 and 0.3 and full reuse (no next-token KL; another run and "
      "tests shared the cores, so TTFTs are rough)",
@@ -455,6 +461,7 @@ HEADLINE_LARGER = ["qwen15_rules_generated8.json", "qwen05_long_generated4.json"
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_rules_generated8.json"),
+    ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),

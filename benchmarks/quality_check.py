@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEPTED = REPO / "benchmarks" / "results" / "quality_check.json"
-BENCH_ARGS = ["--generated", "--num-questions", "16", "--passages", "10", "--passage-words", "120",
+BENCH_ARGS = ["--generated", "--num-questions", "16", "--passages", "10", "--passage-words", "120", "--ratio", "0.15",
               "--selections", "query,hkvd", "--kl-tokens", "1", "--no-plot"]
 DEFAULT_MODE, PEER_MODE = "blend 0.15", "hkvd 0.15"
 

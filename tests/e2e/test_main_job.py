@@ -24,16 +24,16 @@ def test_main_job_reports_every_mode_and_removes_its_store(model_dir, tmp_path):
     out = _run("examples/offline_inference_blend.py", "--num-questions", "1", "-q", "--selections", "query,hkvd",
                "--out", str(result), env_extra={"MODEL_PATH": str(model_dir), "TMPDIR": str(tmp_path)})
     table = out.stdout[out.stdout.index("mode "):]
-    for mode in ("full prefill", "blend 0.15", "full reuse", "hkvd 0.15"):
+    for mode in ("full prefill", "blend 0.3", "full reuse", "hkvd 0.3"):
         assert mode in table
     # Each mode's last row is its row of the cache table (the one after the TTFT table).
     rows = {line.split("  ")[0].strip(): line for line in table.splitlines() if line[:1].isalpha()}
     # Every Blend mode blended its one request, loading the chunks the indexing step stored.
-    for mode in ("blend 0.15", "full reuse", "hkvd 0.15"):
+    for mode in ("blend 0.3", "full reuse", "hkvd 0.3"):
         assert " 1/1 " in rows[mode], table
     assert "removed the temporary store" in out.stdout
     data = json.loads(result.read_text())
-    assert {s["mode"] for s in data["summary"]} == {"full prefill", "blend 0.15", "full reuse", "hkvd 0.15"}
+    assert {s["mode"] for s in data["summary"]} == {"full prefill", "blend 0.3", "full reuse", "hkvd 0.3"}
     [question] = data["questions"]
     assert len(question["measurements"]) == 4 and all(m["answer"] is not None for m in question["measurements"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("ucm-blend-store-")]

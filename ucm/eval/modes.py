@@ -9,7 +9,7 @@ from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
 from ucm.sparse.blend.vocabulary import Selection, check_ratio
 
 DEFAULT_CHECK_LAYER = 1  # the layer whose deviation ranks (compute_meta's key names it)
-DEFAULT_RATIO = 0.15
+DEFAULT_RATIO = 0.3  # docs/research.md, "Every rule on the 1.5B": the larger models need it
 SWEEP_RATIOS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 REPORT_KEY = "ucm"  # RequestOutput.kv_transfer_params[REPORT_KEY]: what the cache did
 

@@ -25,7 +25,7 @@ def serve(model_dir, *flags) -> list[str]:
 
 
 def test_the_plugins_flags_build_the_readmes_config(model_dir):
-    argv = serve(model_dir, "--enable-blend", "--blend-check-layers", "1", "--blend-recompute-ratios", "0.15",
+    argv = serve(model_dir, "--enable-blend", "--blend-check-layers", "1", "--blend-recompute-ratios", "0.3",
                  "--blend-store", "/tmp/ucm-kvcache")
     assert argv[:5] == ["ucm-vllm", "serve", str(model_dir), "--port", "8000"]
     assert argv[5] == "--kv-transfer-config" and json.loads(argv[6]) == readme_transfer_config()

@@ -1,6 +1,6 @@
 """Blend turned on the way the vLLM Blend plugin's users do it, without the JSON.
 
-`ucm-vllm serve MODEL --enable-blend [--blend-check-layers 1] [--blend-recompute-ratios 0.15]
+`ucm-vllm serve MODEL --enable-blend [--blend-check-layers 1] [--blend-recompute-ratios 0.3]
 [--blend-store DIR] [--blend-chunk-end-token-id ID | --blend-separator TEXT]` is rewritten to
 `--kv-transfer-config` with the README's connector config, and `blend_transfer_config` gives the
 same to Python (`LLM(..., kv_transfer_config=KVTransferConfig(**blend_transfer_config(...)))`).
@@ -27,7 +27,7 @@ TOKEN = "--blend-chunk-end-token-id"
 SEPARATOR = "--blend-separator"
 VALUE_FLAGS = (CHECK_LAYERS, RATIOS, STORE, TOKEN, SEPARATOR)
 DEFAULT_STORE = "/tmp/ucm-kvcache"  # the README's
-DEFAULT_CHECK_LAYER, DEFAULT_RATIO = 1, 0.15
+DEFAULT_CHECK_LAYER, DEFAULT_RATIO = 1, 0.3
 CHATML_END = "<|im_end|>"  # ends every chat message of ChatML models: each message is a chunk
 
 

@@ -161,7 +161,7 @@ def test_tenants_do_not_share_chunk_kv_and_clients_cannot_set_operator_knobs(ser
     _, same = chat(server, chat_messages(ex, [2, 0, 1]), salt="tenant-a", kv=knobs)
     assert same["blended"] and same["chunk_hit_blocks"] == same["chunk_blocks"]
     assert sorted(same["refused_params"]) == sorted(knobs)
-    assert same["selection"] == "query" and same["ratio"] == 0.15  # the operator's
+    assert same["selection"] == "query" and same["ratio"] == 0.3  # the operator's (the README config)
     deadline = time.monotonic() + 15  # stats are recorded right after the outputs
     while ucm_metric(server, "request_params_refused") < 1 and time.monotonic() < deadline:
         time.sleep(0.5)

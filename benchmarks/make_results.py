@@ -58,6 +58,11 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen05_long_ratios_generated4.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts at the new default ratio 0.3 "
+     "and at 0.15: the same 4 generated questions of 10 passages x 450 words (~5.4k tokens) as "
+     "qwen05_long_generated4.json, the query rule, next-token KL; the offline TTFT speed-up at this length",
+     f"{_Q} --model qwen2.5-coder-0.5b --generated --num-questions 4 --selections query --max-tokens 8 --kl-tokens 1 "
+     "--sweep --ratios 0.15,0.3 --no-plot --out benchmarks/results/qwen05_long_ratios_generated4.json"),
     ("qwen05_ratios_generated8.json", "Qwen2.5-Coder-0.5B-Instruct at ratios 0.15 and 0.3, the query rule and HKVD: the "
      "same 8 generated questions as qwen05_generated8.json (2026-11-27; 10 passages x 120 words), next-token KL (the unit "
      "and end-to-end tests shared the cores, so TTFTs are rough)",
@@ -462,7 +467,7 @@ LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_rules_generated8.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
-    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_generated4.json"),
+    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),

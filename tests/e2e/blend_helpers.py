@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from vllm import SamplingParams
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.eval.prompts import build_prompt
+
+if TYPE_CHECKING:
+    from ucm.store.nfs_store import UcmNfsStore
 
 # For tests that compute a prompt, then reuse or damage what it stored: every computed block is
 # stored (admission first_sighting; the default's second sightings are tested with the scheduler).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from blend_helpers import HEAD_SIZE, KV_HEADS, NUM_LAYERS, read_blocks, run
+from blend_helpers import HEAD_SIZE, NUM_LAYERS, read_blocks, run
 
 from ucm.eval.datasets import generate_synthetic
 from ucm.integration.vllm.connector.ucm_connector import store_namespace

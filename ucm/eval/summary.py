@@ -211,13 +211,13 @@ def started_at_commit() -> str | None:
 
 def cpu_isa() -> str:
     """The widest x86 ISA level this CPU has for vLLM's kernels (amx, avx512_bf16, avx512f, avx2 or
-    the machine's name): results from hosts of different levels are not comparable in seconds."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        flags = set()
-    for flag, name in (("amx_bf16", "amx"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "avx512f"), ("avx2", "avx2")):
-        if flag in flags:
+    the machine's name), probed through torch as bfloat16_note does: results from hosts of
+    different levels are not comparable in seconds."""
+    import torch
+
+    for probe, name in ((torch.cpu._is_amx_tile_supported, "amx"), (torch.cpu._is_avx512_bf16_supported, "avx512_bf16"),
+                        (torch.cpu._is_avx512_supported, "avx512f"), (torch.cpu._is_avx2_supported, "avx2")):
+        if probe():
             return name
     return platform.machine()
 

@@ -127,8 +127,7 @@ def runtime_identity(model_config) -> list[str]:
     if quantization:
         parts.append(f"quant:{quantization}")
     if getattr(model_config, "hf_overrides", None):
-        text = getattr(model_config, "hf_text_config", None)
-        config = text.to_dict() if hasattr(text, "to_dict") else dict(vars(text)) if text is not None else {}
+        config = model_config.hf_text_config.to_dict()
         for key in _CONFIG_IGNORED:
             config.pop(key, None)
         raw = json.dumps(config, sort_keys=True, default=repr, separators=(",", ":")).encode()

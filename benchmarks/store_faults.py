@@ -330,7 +330,8 @@ def _ledger_holder(path: str, locked, release) -> None:
 def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
     from ucm.store.usage_ledger import UsageLedger
 
-    store = UcmNfsStore({"storage_backends": root, "capacity_gb": 1, "lookup_timeout_s": timeout_s})
+    store = UcmNfsStore({"storage_backends": root, "capacity_gb": 1, "lookup_timeout_s": timeout_s,
+                         "down_backoff_s": timeout_s})
     store.wait_open_scan(30)
     keys = [key_of(43_000 + i) for i in range(8)]
     blocks = [block_for(k, 64 << 10) for k in keys]
@@ -345,7 +346,7 @@ def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
         refused += store.wait(store.dump(keys[i:i + 2], blocks[i:i + 2], [1, 1])).count(False)
         returned_s.append(round(time.perf_counter() - t0, 4))
     written_while_held = len(blocks_on_disk(root))
-    ledger_timeouts = store.stats().ledger_timeouts
+    ledger_timeouts, down_refusals = store.stats().ledger_timeouts, store.stats().down_refusals
     release.set()
     holder.join()
     t0 = time.perf_counter()
@@ -355,7 +356,8 @@ def ledger_lock(root: str, timeout_s: float = 0.5) -> dict:
     store.close()
     usage = UsageLedger(root).update(lambda u: None)
     return {"lookup_timeout_s": timeout_s, "dump_returned_s": returned_s, "refused_blocks": refused,
-            "ledger_timeouts": ledger_timeouts, "written_while_held": written_while_held,
+            "ledger_timeouts": ledger_timeouts, "down_refusals": down_refusals,
+            "written_while_held": written_while_held,
             "resumed_s": round(resumed_s, 3), "stored_after": len(blocks_on_disk(root)),
             "reservations_left": int(sum(r[0] for r in usage.reserved.values()))}
 

@@ -202,6 +202,30 @@ def _validate_store(name: str, config: Mapping[str, Any], path: str) -> None:
 # -- sparse methods --------------------------------------------------------------------------------
 
 
+def _later_checks(meta: Mapping, meta_path: str, layers: list[tuple[int, str]],
+                  first_ratio: float) -> tuple[tuple[int, float], ...]:
+    """The check layers after the first (CacheBlend's gradual filtering): each takes a ratio only,
+    no larger than the one before it (the selection only narrows with depth)."""
+    out, previous = [], first_ratio
+    for index, name in layers:
+        layer_path = _key(meta_path, name)
+        entry = _mapping(meta[name], layer_path)
+        first_only = sorted(set(entry) & (LAYER_META_KEYS - {"ratio"}))
+        if first_only:
+            raise UCMConfigError(f"{layer_path}: {', '.join(first_only)} belong(s) to the first check layer "
+                                 f"only; a later check layer takes a ratio")
+        _warn_unknown(entry, {"ratio"}, layer_path)
+        ratio = _require(entry, "ratio", layer_path)
+        if not is_ratio(ratio):
+            raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
+        if float(ratio) > previous:
+            raise UCMConfigError(f"{layer_path}.ratio {ratio} is above the ratio of the check layer before it "
+                                 f"({previous}): ratios must not increase with depth (the selection only narrows)")
+        out.append((index, float(ratio)))
+        previous = float(ratio)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class BlendConfig:
     """CacheBlend settings.
@@ -259,6 +283,11 @@ class BlendConfig:
     # `with_separator_ids`) whose every occurrence ends a chunk, LMCache's special string; the
     # separator belongs to the chunk before it. Excludes chunk_end_token_id.
     chunk_separator: tuple[int, ...] | str | None = None
+    # CacheBlend's gradual filtering: (layer, ratio) of each check layer after the first, deeper
+    # and with a ratio no larger: there the selected rows' V deviation is measured again (their
+    # fresh KV is computed there anyway) and the selection narrows to that ratio of the loaded
+    # tokens; rows dropped keep their loaded KV from that layer on. Empty: one check layer.
+    later_checks: tuple[tuple[int, float], ...] = ()
 
     @property
     def computes_missed_chunks_alone(self) -> bool:
@@ -330,18 +359,22 @@ class BlendConfig:
         meta_path = f"{path}.compute_meta"
         meta = _mapping(_require(d, "compute_meta", path), meta_path)
         example = f'{{"{_ATTN_LAYER_EXAMPLE}": {{"ratio": 0.2}}}}'
-        if len(meta) != 1:
-            raise UCMConfigError(
-                f"{meta_path} must hold exactly one entry (the check layer), e.g. {example}; "
-                f"got {len(meta)}: {sorted(map(str, meta))}"
-            )
-        ((layer_name, layer_meta),) = meta.items()
-        match = _ATTN_LAYER_RE.fullmatch(layer_name) if isinstance(layer_name, str) else None
-        if match is None:
-            raise UCMConfigError(
-                f"{meta_path} key {layer_name!r} is not an attention layer name; "
-                f"expected model.layers.<i>.self_attn.attn, e.g. {example}"
-            )
+        if not meta:
+            raise UCMConfigError(f"{meta_path} must name at least one check layer, e.g. {example}")
+        layers = []
+        for name in meta:
+            match = _ATTN_LAYER_RE.fullmatch(name) if isinstance(name, str) else None
+            if match is None:
+                raise UCMConfigError(
+                    f"{meta_path} key {name!r} is not an attention layer name; "
+                    f"expected model.layers.<i>.self_attn.attn, e.g. {example}"
+                )
+            layers.append((int(match.group(1)), name))
+        layers.sort()
+        if len({index for index, _ in layers}) != len(layers):
+            raise UCMConfigError(f"{meta_path} names one layer twice: {[name for _, name in layers]}")
+        layer_index, layer_name = layers[0]
+        layer_meta = meta[layer_name]
         layer_path = _key(meta_path, layer_name)
         layer_meta = _mapping(layer_meta, layer_path)
         _warn_unknown(layer_meta, LAYER_META_KEYS, layer_path)
@@ -362,12 +395,14 @@ class BlendConfig:
                                                                                chunk_start_tokens)
         if why:
             raise UCMConfigError(f"{layer_path}.chunk_start_tokens {why}")
+        later_checks = _later_checks(meta, meta_path, layers[1:], float(ratio))
 
         return cls(
             chunk_end_token_id=token,
             chunk_separator=separator,
             check_layer_name=layer_name,
-            check_layer=int(match.group(1)),
+            check_layer=layer_index,
+            later_checks=later_checks,
             ratio=float(ratio),
             selection=selection,
             chunk_start_tokens=chunk_start_tokens,
@@ -394,6 +429,10 @@ class BlendConfig:
                 f"{path}.compute_meta: check layer {self.check_layer_name!r} does not exist; "
                 f"the model has {num_layers} layers{valid}"
             )
+        for layer, _ in self.later_checks:
+            if layer >= num_layers:
+                raise UCMConfigError(f"{path}.compute_meta: check layer {attn_layer_name(layer)!r} does not exist; "
+                                     f"the model has {num_layers} layers")
         if self.check_layer == num_layers - 1:
             logger.warning(
                 "%s.compute_meta: check layer %r is the model's last layer; Blend saves no compute",

@@ -30,6 +30,7 @@ HEAVY_MODULES = {
     "test_prefix_offload": "two engines one after the other",
     "test_larger_models": "a 0.5B model downloaded from PyPI, converted, loaded by transformers and by vLLM",
     "test_other_configs": "an engine with LMCache's chunk separator",
+    "test_mount_faults": "an engine on a FUSE mount that hangs",
 }
 # Single tests with an engine of their own whose rules unit tests check on vLLM's real scheduler
 # (tests/unit/integration): the e2e run adds the timing or the answers, at minutes each.

@@ -157,6 +157,21 @@ def run_phase(root: Path, name: str, spec: dict) -> Phase:
     return Phase(name, log, rc, STARTED in text, result, time.monotonic() - start)
 
 
+def block_files(store: str | None) -> set[Path]:
+    return set(Path(store).rglob("*.kvb")) if store else set()
+
+
+def corrupt_files(files: list[Path]) -> int:
+    """Flips the last payload byte of each file (its checksum then fails)."""
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.seek(-1, os.SEEK_END)
+            last = fh.read(1)
+            fh.seek(-1, os.SEEK_END)
+            fh.write(bytes([last[0] ^ 0xFF]))
+    return len(files)
+
+
 def engine_main(spec: dict) -> None:
     """The subprocess: one engine, the requests in order, then a JSON line with what they gave."""
     from blend_helpers import STORE_ALL, run  # this file's folder is sys.path[0] here
@@ -174,12 +189,19 @@ def engine_main(spec: dict) -> None:
     llm = make_llm(spec["model"], **kwargs)
     print(STARTED, flush=True)
     out = {"start_s": round(time.perf_counter() - t0, 1), "requests": {}}
+    written: dict[str, list[Path]] = {}
     for req in spec["requests"]:
+        corrupted = 0
+        if req.get("corrupt"):  # every other file the named request wrote: one rank's shard of some blocks
+            llm.reset_prefix_cache()  # the prompt is then read from the store, not vLLM's own cache
+            corrupted = corrupt_files([f for f in written[req["corrupt"]] if f.exists()][::2])
+        before = block_files(spec.get("store"))
         t = time.perf_counter()
         r = run(llm, req["tokens"], cache_salt=req.get("salt"), **req.get("kw", {}))
+        written[req["name"]] = sorted(block_files(spec.get("store")) - before)
         out["requests"][req["name"]] = {"tokens": r.tokens, "logprobs": r.logprobs, "report": r.report,
                                         "counters": ucm_counters(llm.get_metrics()),
-                                        "s": round(time.perf_counter() - t, 2)}
+                                        "s": round(time.perf_counter() - t, 2), "corrupted_files": corrupted}
     shutdown(llm)
     print(RESULT + json.dumps(out), flush=True)
 
@@ -216,6 +238,15 @@ def engines(model_dir, tmp_path_factory):
             req("reuse", REORDERED, ratio=0.0),  # the blocks blended above never serve it: chunks loaded again
             req("sparse", REORDERED, ratio=0.15),
         ]})
+    # One rank's shard of some chunk and exact blocks corrupted (every other file a request wrote,
+    # in name order: each a shard of one rank): the ranks must agree to recompute those blocks.
+    d = run_phase(root, "D-tp2-corrupt", {"model": model, "tp": 2, "store": str(root / "store-d"), "blend": True,
+                                          "requests": [
+        req("first", FIRST),
+        {**req("reordered", REORDERED, ratio=1.0), "corrupt": "first"},
+        req("P", PREFIX_PROMPT),
+        {**req("P_again", PREFIX_PROMPT), "corrupt": "P"},  # its exact prefix blocks
+    ]}) if a.ok else None
     c = run_phase(root, "C-tp1-blend", {"model": model, "tp": 1, "store": store, "blend": True, "requests": [
         req("ref_P", PREFIX_PROMPT, salt="reference", disable=True),
         req("ref_reordered", REORDERED, salt="reference", disable=True),
@@ -226,11 +257,11 @@ def engines(model_dir, tmp_path_factory):
         req("reuse", REORDERED, salt="tp1", ratio=0.0),
         req("sparse", REORDERED, salt="tp1", ratio=0.15),
     ]})
-    for p in (a, b, c):
+    for p in (a, b, c, d):
         if p is not None:
             print(f"engine {p.name}: {p.wall_s:.0f} s, start {p.result['start_s'] if p.ok else '-'} s, "
                   f"ok={p.ok}, log {p.log}")
-    return {"A": a, "B": b, "C": c}
+    return {"A": a, "B": b, "C": c, "D": d}
 
 
 def assert_same(got: dict, want: dict) -> None:
@@ -290,6 +321,24 @@ def test_tp2_blend_recomputes_the_rows_tp1_recomputes(engines):
     for got in (sparse, reference):
         assert got["report"]["blended"] and got["report"]["ratio"] == 0.15, got["report"]
     assert sparse["tokens"] == reference["tokens"], (sparse["tokens"], reference["tokens"])
+
+
+def test_one_ranks_corrupt_shards_are_recomputed_by_both_ranks(engines):
+    """One rank's shard of some blocks fails its checksum: the ranks agree on each block's load
+    outcome, so both recompute those blocks (no hang, no rank running other rows than the other),
+    the answers equal TP=1 full prefill's, and nothing computed over the failed loads is stored."""
+    d = engines["D"]
+    if d is None:
+        pytest.fail(engines["A"].error())
+    c = engines["C"]
+    reordered = d.request("reordered")
+    assert reordered["corrupted_files"] > 0 and reordered["report"]["blended"], reordered["report"]
+    assert reordered["counters"].get("failed_blocks", 0) > 0, reordered["counters"]
+    assert_same(reordered, c.request("ref_reordered"))
+    again = d.request("P_again")  # the exact prefix blocks "P" stored, some shards corrupt
+    assert again["corrupted_files"] > 0 and again["report"]["external_prefix_tokens"] > 0, again["report"]
+    assert again["counters"]["failed_blocks"] > reordered["counters"]["failed_blocks"], again["counters"]
+    assert_same(again, c.request("ref_P"))
 
 
 def test_tp1_engine_never_loads_tp2_blocks(engines):

@@ -291,8 +291,13 @@ ERROR_CASES = [
     (_set((*BLEND, "chunk_end_token_id"), True), f"{TOKEN_MSG} (or absent), got True (bool)"),
     (_set(META, DELETE), f"{META_MSG} is required"),
     (_set(META, [LAYER]), f"{META_MSG} must be a mapping, got list"),
-    (_set(META, {}), f"{META_MSG} must hold exactly one entry (the check layer), e.g. {EXAMPLE_META}; got 0"),
-    (_set((*META, "model.layers.2.self_attn.attn"), {"ratio": 0.1}), f"{META_MSG} must hold exactly one entry"),
+    (_set(META, {}), f"{META_MSG} must name at least one check layer, e.g. {EXAMPLE_META}"),
+    (_set((*META, "model.layers.2.self_attn.attn"), {"ratio": 0.5}),
+     f'{META_MSG}["model.layers.2.self_attn.attn"].ratio 0.5 is above the ratio of the check layer before it'),
+    (_set((*META, "model.layers.2.self_attn.attn"), {"ratio": 0.1, "selection": "hkvd"}),
+     f'{META_MSG}["model.layers.2.self_attn.attn"]: selection belong(s) to the first check layer only'),
+    (_set((*META, "model.layers.2.self_attn.attn"), {}),
+     f'{META_MSG}["model.layers.2.self_attn.attn"].ratio is required'),
     (
         _set(META, {"1": {"ratio": 0.2}}),
         f"{META_MSG} key '1' is not an attention layer name; "
@@ -555,3 +560,20 @@ def test_kv_shift_is_a_share():
     for bad in (1.5, -0.1, "true", None, float("nan")):
         with pytest.raises(UCMConfigError, match=r"kv_shift must be a number in \[0, 1\] \(or true / false\)"):
             config(kv_shift=bad)
+
+
+def test_several_check_layers_narrow_with_depth():
+    """CacheBlend's gradual filtering: the shallowest layer is the check layer (with every key),
+    the deeper ones give the ratio the selection narrows to there, in layer order."""
+    from ucm.config import BlendConfig
+
+    blend = BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {
+        "model.layers.8.self_attn.attn": {"ratio": 0.1},
+        "model.layers.1.self_attn.attn": {"ratio": 0.3, "selection": "hkvd"},
+        "model.layers.4.self_attn.attn": {"ratio": 0.2}}})
+    assert blend.check_layer == 1 and blend.ratio == 0.3 and blend.selection == "hkvd"
+    assert blend.later_checks == ((4, 0.2), (8, 0.1))
+    with pytest.raises(UCMConfigError, match="check layer 'model.layers.40.self_attn.attn' does not exist"):
+        BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {
+            "model.layers.1.self_attn.attn": {"ratio": 0.3},
+            "model.layers.40.self_attn.attn": {"ratio": 0.1}}}).validate_for_model(30, 1000)

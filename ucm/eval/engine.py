@@ -60,6 +60,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
     p.add_argument("--check-layer", type=int, default=DEFAULT_CHECK_LAYER, metavar="N",
                    help="the layer whose KV deviation (and the question's attention there) ranks the tokens "
                         "recomputed (compute_meta's key)")
+    p.add_argument("--later-checks", type=_later_checks, default=(), metavar="LAYER:RATIO[,LAYER:RATIO]",
+                   help="check layers after the first (CacheBlend's gradual filtering): at each the selection "
+                        "narrows to that ratio of the loaded tokens (a request's own ratio caps it), e.g. 4:0.15")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="vLLM's step budget (max_num_batched_tokens); Blend runs up to 4x as many rows beside it per step")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -73,6 +76,14 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help="cap on the store's size in GiB, least recently used blocks evicted first (default: half "
                         "the free disk space at start for a temporary store, else no cap); a long run on ~6k-token "
                         "prompts writes about 0.5 GiB per question")
+
+
+def _later_checks(text: str) -> tuple[tuple[int, float], ...]:
+    try:
+        pairs = tuple((int(layer), float(ratio)) for layer, ratio in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYER:RATIO[,LAYER:RATIO], e.g. 4:0.15; got {text!r}") from None
+    return pairs
 
 
 def check_run_args(p, args) -> None:
@@ -125,7 +136,7 @@ def examples_and_model(args) -> tuple[list, str]:
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
                    capacity_gb: float | None = None, chunk_store: str | None = None, kv_shift: float | None = None,
                    blend_options: dict[str, Any] | None = None, check_layer: int = DEFAULT_CHECK_LAYER,
-                   **overrides: Any):
+                   later_checks: tuple[tuple[int, float], ...] = (), **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -143,7 +154,8 @@ def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max
     return make_llm(model, kv_transfer_config=ucm_transfer_config(store_dir, ratio, chunk_end_token_id=marker,
                                                                   capacity_gb=capacity_gb, chunk_store=chunk_store,
                                                                   kv_shift=kv_shift, blend_options=blend_options,
-                                                                  check_layer=attn_layer_name(check_layer)),
+                                                                  check_layer=attn_layer_name(check_layer),
+                                                                  later_checks=later_checks),
                     **kwargs)
 
 
@@ -183,7 +195,8 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
     blend_options = {"background_chunks": False} if getattr(args, "miss_passages", 0) else None
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
                          capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, kv_shift=args.kv_shift,
-                         blend_options=blend_options, check_layer=getattr(args, "check_layer", DEFAULT_CHECK_LAYER), **dtype,
+                         blend_options=blend_options, check_layer=getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
+                         later_checks=getattr(args, "later_checks", ()), **dtype,
                          **engine)
     try:
         return fn(llm)

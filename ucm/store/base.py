@@ -54,6 +54,10 @@ class StoreStats:
     # lookup_timeout_s (or an earlier call to it still had not): nothing written, in dump_errors
     ledger_timeouts: int = 0
     quarantined: int = 0  # blocks whose read failed with an IO error: misses in this process for a while
+    down_trips: int = 0  # times the store was counted as down after a deadline passed (breaker.py)
+    # keys looked up, loaded or dumped without IO while the store counted as down (misses;
+    # load and dump refusals are also in load_errors / dump_errors)
+    down_refusals: int = 0
 
     def count_lookup(self, found: Sequence[bool]) -> None:
         hits = sum(found)
@@ -140,6 +144,14 @@ class KVStoreBase(ABC):
     @abstractmethod
     def close(self) -> None:
         """Finish in-flight work and release resources; idempotent."""
+
+    def down_for_s(self) -> float:
+        """Seconds the store still counts as down after a deadline passed (0: it answers)."""
+        return 0.0
+
+    def hold_down(self, seconds: float) -> None:
+        """Count the store as down for `seconds` on another process's word (a store without
+        deadlines ignores it)."""
 
     def __enter__(self) -> KVStoreBase:
         return self

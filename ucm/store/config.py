@@ -94,6 +94,12 @@ class NfsStoreConfig:
     # until it returns: the scheduler asks the store on every step and must not hang with the
     # mount. 0: wait for ever (in the calling thread).
     lookup_timeout_s: float = 5.0
+    # After a load, dump or lookup passes its deadline the store counts as down (lookups miss,
+    # loads and dumps are refused at once) for this long, doubled while it stays down, up to
+    # down_backoff_max_s; then it is tried again once the IO that timed out has returned. 0: never
+    # counted as down (every request waits out its own deadline).
+    down_backoff_s: float = 5.0
+    down_backoff_max_s: float = 60.0
     # Bytes of dumps a writer may have handed to the store and not yet seen written: beyond it
     # new dumps are dropped (counted), so cold traffic cannot queue KV faster than the disk takes it.
     dump_queue_mb: float = 1024.0
@@ -117,6 +123,10 @@ class NfsStoreConfig:
         if capacity and capacity * GB < HEADER_BYTES_MIN:
             raise ValueError(f"capacity_gb {capacity!r} is below one block file ({HEADER_BYTES_MIN} bytes); "
                              "use 0 or leave it out for no limit")
+        backoff = _number(d, "down_backoff_s", 5.0, minimum=0.0)
+        backoff_max = _number(d, "down_backoff_max_s", max(60.0, backoff), minimum=0.0)
+        if backoff_max < backoff:
+            raise ValueError(f"down_backoff_max_s ({backoff_max}) is below down_backoff_s ({backoff})")
         return cls(
             storage_backends=_backends(d["storage_backends"]),
             capacity_gb=capacity or None,
@@ -131,6 +141,8 @@ class NfsStoreConfig:
             dump_timeout_s=_number(d, "dump_timeout_s", 60.0, minimum=0.0),
             lookup_timeout_s=_number(d, "lookup_timeout_s", 5.0, minimum=0.0),
             dump_queue_mb=_number(d, "dump_queue_mb", 1024.0, minimum=0.0),
+            down_backoff_s=backoff,
+            down_backoff_max_s=backoff_max,
         )
 
 

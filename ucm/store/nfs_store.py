@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno as errno_mod
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,10 +22,11 @@ from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byt
 from ucm.store.block_format import CORRUPT_STATUSES, IoStatus, file_size, read_header
 from ucm.store.capacity import CapacityLimiter
 from ucm.store.config import NfsStoreConfig
-from ucm.store.deadline import DeadlineThread
 from ucm.store.dram_store import DramStore
 from ucm.store.housekeeping import Housekeeper
 from ucm.store.layout import BlockLayout
+from ucm.store.mount_watch import MountWatch
+from ucm.store.roots import lost_root, open_root
 from ucm.store.usage_ledger import UsageLedger
 
 try:
@@ -38,9 +38,6 @@ except ImportError as e:  # pragma: no cover - depends on the build
 
 logger = logging.getLogger(__name__)
 
-# Written at a backend's root when a store opens it; a root without it is not the one opened.
-ROOT_MARKER = ".ucm-store"
-FILE_MODE, DIR_MODE = 0o644, 0o755  # explicit: a umask of 000 must not make blocks world-writable
 # A block whose read failed with an IO error (not a checksum: those are removed) is a miss in
 # this process for this long, so it is not read, failed and recomputed on every request.
 QUARANTINE_S = 300.0
@@ -53,7 +50,7 @@ class UcmNfsStore(KVStoreBase):
         self._layout = BlockLayout(cfg.storage_backends)
         # Identity of every backend root: a lost mount or a deleted directory must not move the
         # store to whatever is at the same path now (the local disk, a fresh empty tree).
-        self._roots = {backend: _prepare_backend(backend) for backend in self._layout.backends}
+        self._roots = {backend: open_root(backend) for backend in self._layout.backends}
         # The ledger's lock is a metadata call like a lookup: it gets the lookups' deadline.
         self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]),
                                          ledger_timeout_s=cfg.lookup_timeout_s)
@@ -67,10 +64,10 @@ class UcmNfsStore(KVStoreBase):
         self._lock = threading.Lock()
         self._logged: set[tuple] = set()  # warnings given once (see _warn_once)
         self._closed = False
-        self._abandoned: list[Task] = []  # timed-out loads and dumps whose IO has not returned yet
-        # Lookups run on one thread of their own when they may time out; a lookup past the
-        # timeout stays there until its stats return, and every lookup meanwhile is all misses.
-        self._lookups = DeadlineThread("ucm-store-lookup")
+        # Deadlines, timed-out tasks and the down state of a mount that may stop answering.
+        self._watch = MountWatch(self._layout.backends[0], cfg.lookup_timeout_s, cfg.down_backoff_s,
+                                 cfg.down_backoff_max_s, lambda t: self._engine.poll(t.native_id),
+                                 lambda t: self._engine.wait(t.native_id), self._late_outcome, self._warn_once)
         self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
@@ -93,12 +90,15 @@ class UcmNfsStore(KVStoreBase):
         else:
             quarantined = set()
         todo = [i for i, f in enumerate(found) if not f and keys[i] not in quarantined]
-        on_disk = self._exists([self._layout.block_path(keys[i]) for i in todo])
+        down = bool(todo) and self._watch.down()
+        on_disk = None if down else self._exists([self._layout.block_path(keys[i]) for i in todo])
         for i, hit in zip(todo, on_disk or ()):
             found[i] = hit
         with self._lock:
             self._stats.count_lookup(found)
-            if on_disk is None:
+            if down:
+                self._stats.down_refusals += len(todo)
+            elif on_disk is None:
                 self._stats.lookup_timeouts += len(todo)
         return found
 
@@ -115,6 +115,8 @@ class UcmNfsStore(KVStoreBase):
                 if self._dram.get_into(key, view):
                     task.served_from_dram.add(i)
         task.native_indices = [i for i in range(len(keys)) if i not in task.served_from_dram]
+        if task.native_indices and self._watch.refusing_io():
+            return self._refused(task)
         paths = [self._layout.block_path(keys[i]) for i in task.native_indices]
         task.native_id = self._engine.submit_read(
             [keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices]
@@ -136,12 +138,17 @@ class UcmNfsStore(KVStoreBase):
                 self._dram.put(key, view, t)
         paths = [self._layout.block_path(k) for k in keys]
         task = Task("dump", keys)
+        if keys and self._watch.refusing_io():
+            task.native_indices = list(range(len(keys)))
+            return self._refused(task)
         # Blocks already stored are skipped before capacity is reserved: re-dumping them must not
-        # evict others (the native engine still skips any that appear meanwhile). The check is a
-        # lookup, with its timeout: a mount that does not answer gets no writes, and the caller
-        # does not wait for it.
-        present = self._exists(paths)
-        if present is None or not self._roots_intact():
+        # evict others (the native engine still skips any that appear meanwhile). The check, and
+        # that of the roots, is a lookup with its timeout: a mount that does not answer gets no
+        # writes, and the caller does not wait for it.
+        checked = self._watch.metadata(lambda: (self._engine.exists(paths), self._roots_intact()), "dump check") \
+            if paths else ([], True)
+        present, intact = checked if checked is not None else (None, False)
+        if present is None or not intact:
             task.results = [False] * len(keys)
             task.timed_out = present is None
             with self._lock:
@@ -158,6 +165,7 @@ class UcmNfsStore(KVStoreBase):
             if hung:  # the usage ledger's lock did not come: a hung mount gets no writes
                 task.results = [bool(p) for p in present]  # stored already, or not at all
                 task.timed_out = True
+                self._watch.trip("usage ledger lock")
                 with self._lock:
                     self._stats.dump_errors += len(new)
                     self._stats.ledger_timeouts += len(new)
@@ -193,13 +201,14 @@ class UcmNfsStore(KVStoreBase):
     def wait(self, task: Task, timeout_s: float | None = None) -> list[bool]:
         if task.results is not None:
             return list(task.results)
-        self._reap_abandoned()
+        self._watch.reap()
         if timeout_s is None:
             timeout_s = self.config.load_timeout_s if task.kind == "load" else self.config.dump_timeout_s
         done = self._engine.wait(task.native_id, timeout_s or -1.0)
         if done is None:
             return self._abandon(task, timeout_s) if task.kind == "load" else self._abandon_dump(task)
         statuses, errnos, tokens, seconds = done
+        self._watch.answered()
         if task.kind == "load":
             results = self._finish_load(task, statuses, errnos, tokens, seconds)
         else:
@@ -213,7 +222,18 @@ class UcmNfsStore(KVStoreBase):
 
     def stats(self) -> StoreStats:
         with self._lock:
-            return self._stats.copy()
+            stats = self._stats.copy()
+        stats.down_trips = self._watch.breaker.trips
+        return stats
+
+    def down_for_s(self) -> float:
+        """Seconds the store still counts as down (0 while it answers); see breaker.py."""
+        return self._watch.down_for_s()
+
+    def hold_down(self, seconds: float) -> None:
+        """Count the store as down for `seconds` on another process's word (a worker whose load
+        or dump timed out tells the scheduler's store, whose lookups still answer)."""
+        self._watch.breaker.hold(seconds)
 
     def close(self) -> None:
         """Lets queued dumps finish, stops the background scan; un-waited tasks are dropped."""
@@ -223,14 +243,14 @@ class UcmNfsStore(KVStoreBase):
         if self._limiter is not None and self._limiter.over_capacity():  # an overshoot not evicted yet
             self._housekeeper.scan_once()
         self._housekeeper.stop()
-        self._lookups.close()  # the lookup thread ends after its current stats
-        self._reap_abandoned()
+        self._watch.close()
+        self._watch.reap()
         if self._limiter is not None:  # after the reaped dumps' ledger updates
             self._limiter.close()
-        hung_lookup = self._lookups.hung
-        if self._abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
+        hung_lookup, abandoned = self._watch.lookup_hung, self._watch.count()
+        if abandoned or hung_lookup:  # joining the IO threads would hang on the same IO
             logger.warning("%d timed-out store loads or dumps%s still blocked in IO; leaving their threads",
-                           len(self._abandoned), " and a lookup are" if hung_lookup else " are")
+                           abandoned, " and a lookup are" if hung_lookup else " are")
         else:
             self._engine.close()
         if self._dram is not None:
@@ -268,8 +288,8 @@ class UcmNfsStore(KVStoreBase):
         buffers are still pinned)."""
         if kind not in ("load", "dump"):
             raise ValueError(f"kind must be 'load' or 'dump', got {kind!r}")
-        self._reap_abandoned()
-        return sum(t.kind == kind for t in self._abandoned)
+        self._watch.reap()
+        return self._watch.count(kind)
 
     @property
     def used_bytes(self) -> int | None:
@@ -285,25 +305,32 @@ class UcmNfsStore(KVStoreBase):
     def _exists(self, paths: list[str]) -> list[bool] | None:
         """Which block files exist, within `lookup_timeout_s`; None (all misses) past it, and at
         once while an earlier lookup is still blocked in the file system."""
-        timeout = self.config.lookup_timeout_s
-        if not paths or not timeout:
-            return self._engine.exists(paths)
-        call = self._lookups.run(lambda: self._engine.exists(paths), timeout)
-        if call is not None:
-            return call.result()
-        self._warn_once(("lookup timeout",), "store lookup of %d blocks not answered after lookup_timeout_s=%g s "
-                        "(hung or overloaded mount?); they, and every lookup until it returns, count as misses "
-                        "(computed in full); further timeouts are only counted in stats().lookup_timeouts",
-                        len(paths), timeout)
-        return None
+        if not paths:
+            return []
+        return self._watch.metadata(lambda: self._engine.exists(paths), f"lookup of {len(paths)} blocks")
+
+
+    def _refused(self, task: Task) -> Task:
+        """A load or dump refused without IO while the store is down: misses (DRAM hits stay)."""
+        task.results = [i in task.served_from_dram for i in range(len(task.keys))]
+        refused = len(task.native_indices)
+        with self._lock:
+            self._stats.down_refusals += refused
+            if task.kind == "load":
+                self._stats.load_errors += refused
+                self._stats.load_blocks += len(task.served_from_dram)
+                self._stats.dram_hits += len(task.served_from_dram)
+            else:
+                self._stats.dump_errors += refused
+        return task
 
     def _abandon(self, task: Task, timeout_s: float) -> list[bool]:
         """A load past its deadline: a miss for the caller (only DRAM-served keys are True)."""
         task.timed_out = True
         task.results = [i in task.served_from_dram for i in range(len(task.keys))]
         timed_out = len(task.native_indices)
+        self._watch.abandon(task, _pinned_bytes(task), f"load of {timed_out} blocks")
         with self._lock:
-            self._abandoned.append(task)
             self._stats.load_timeouts += timed_out
             self._stats.load_errors += timed_out
             self._stats.load_blocks += len(task.served_from_dram)
@@ -318,8 +345,8 @@ class UcmNfsStore(KVStoreBase):
         already stored count as stored); its IO is accounted when it returns."""
         task.timed_out = True
         task.results = _stored_without_io(task)
+        self._watch.abandon(task, _pinned_bytes(task), f"dump of {len(task.native_indices)} blocks")
         with self._lock:
-            self._abandoned.append(task)
             self._stats.dump_timeouts += len(task.native_indices)
         self._warn_once(("dump timeout",), "store dump of %d blocks not done after dump_timeout_s=%g s (hung or "
                         "overloaded mount?); not waiting for it (they may not be stored, and are recomputed if "
@@ -327,21 +354,12 @@ class UcmNfsStore(KVStoreBase):
                         self.config.dump_timeout_s)
         return list(task.results)
 
-    def _reap_abandoned(self) -> None:
-        """Release the buffers of timed-out loads and dumps whose IO has returned since; a dump's
-        outcome is accounted then (its statistics and the capacity it reserved)."""
-        with self._lock:
-            still, returned = [], []
-            for task in self._abandoned:
-                if self._engine.poll(task.native_id):
-                    # done: returns at once, releasing its pins
-                    returned.append((task, self._engine.wait(task.native_id)))
-                else:
-                    still.append(task)
-            self._abandoned = still
-        for task, (statuses, errnos, _, seconds) in returned:
-            if task.kind == "dump":
-                self._finish_dump(task, statuses, errnos, seconds)
+    def _late_outcome(self, task: Task, outcome) -> None:
+        """A timed-out task's IO returned: a dump's outcome is accounted now (its statistics and
+        the capacity it reserved); a load's buffers are simply released."""
+        if task.kind == "dump":
+            statuses, errnos, _, seconds = outcome
+            self._finish_dump(task, statuses, errnos, seconds)
 
     def _finish_load(
         self, task: Task, statuses: list[int], errnos: list[int], tokens: list[int], seconds: float
@@ -444,19 +462,12 @@ class UcmNfsStore(KVStoreBase):
                             self._layout.backends)
 
     def _roots_intact(self) -> bool:
-        """Every backend is still the directory opened: same device and inode, marker present."""
-        for backend, identity in self._roots.items():
-            try:
-                st = os.stat(backend)
-                intact = (st.st_dev, st.st_ino, _read_marker(backend)) == identity
-            except OSError:
-                intact = False
-            if not intact:
-                self._warn_once(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
-                                "re-created); refusing to write there: dumps fail and requests are recomputed",
-                                backend, level=logging.ERROR)
-                return False
-        return True
+        lost = lost_root(self._roots)
+        if lost is not None:
+            self._warn_once(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
+                            "re-created); refusing to write there: dumps fail and requests are recomputed",
+                            lost, level=logging.ERROR)
+        return lost is None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -464,6 +475,13 @@ class UcmNfsStore(KVStoreBase):
         if os.getpid() != self._pid:
             # A forked child inherits the engine without its threads: every wait would hang.
             raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
+
+
+def _pinned_bytes(task: Task) -> int:
+    ctx = task.context
+    if isinstance(ctx, _LoadContext):
+        return sum(len(v) for v in ctx.views)
+    return sum(ctx.sizes) if isinstance(ctx, _DumpContext) else 0
 
 
 def _stored_without_io(task: Task) -> list[bool]:
@@ -497,37 +515,3 @@ def _view(buf: Buffer, i: int, what: str, writable: bool) -> memoryview:
         return byte_view(buf, writable=writable)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} {i}: {e}") from e
-
-
-def _read_marker(directory: str) -> bytes:
-    fd = os.open(os.path.join(directory, ROOT_MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        return os.read(fd, 128)
-    finally:
-        os.close(fd)
-
-
-def _prepare_backend(directory: str) -> tuple[int, int, bytes]:
-    """Create the backend and its marker, which proves it writable (a bad mount fails at
-    startup, not per dump). Returns the root's identity (device, inode, the marker's random
-    content: inodes of a re-created directory are often reused), checked before every write."""
-    try:
-        os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
-        marker = os.path.join(directory, ROOT_MARKER)
-        tmp = f"{marker}~{os.getpid()}~{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-        os.write(fd, f"ucm-blend KV store root {secrets.token_hex(16)}\n".encode())
-        os.close(fd)
-        try:
-            os.link(tmp, marker)  # the first store to open the root sets its identity; others keep it
-        except FileExistsError:
-            pass
-        except OSError:  # no hard links on this file system
-            if not os.path.lexists(marker):
-                os.replace(tmp, marker)
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        st = os.stat(directory)
-        return st.st_dev, st.st_ino, _read_marker(directory)
-    except OSError as e:
-        raise ValueError(f"storage_backends: directory {directory!r} cannot be created or written: {e}") from e

@@ -59,7 +59,8 @@ def test_other_commands_and_argv_without_blend_flags_are_left_alone(model_dir):
 
 @pytest.mark.parametrize("flags, message", [
     (("--enable-blend", "--blend-check-layers", "0", "16", "32"), "layer 32 does not exist; this model has 30 layers"),
-    (("--enable-blend", "--blend-check-layers", "1", "16", "29"), "several check layers"),
+    (("--enable-blend", "--blend-check-layers", "1", "16", "--blend-recompute-ratios", "0.3", "0.2", "0.1"),
+     "give one ratio, or one per check layer (2)"),
     (("--enable-blend", "--blend-recompute-ratios", "0.1", "0.2"), "give one ratio"),
     (("--enable-blend", "--blend-recompute-ratios", "1.5"), "ratio must be a number in [0, 1]"),
     (("--blend-check-layers", "1"), "--blend-check-layers needs --enable-blend"),
@@ -81,3 +82,16 @@ def test_the_command_line_names_a_check_layer_the_model_lacks(model_dir):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 2
     assert "--blend-check-layers: layer 32 does not exist; this model has 30 layers (0 .. 29)" in out.stderr
+
+
+def test_the_plugins_several_check_layers_are_gradual_filtering(model_dir):
+    """`--blend-check-layers 1 16 29 --blend-recompute-ratios 0.3 0.2 0.1`: the first layer checks,
+    the later ones narrow the selection to their ratio; one ratio for all layers keeps it."""
+    config = json.loads(serve(model_dir, "--enable-blend", "--blend-check-layers", "1", "16", "29",
+                              "--blend-recompute-ratios", "0.3", "0.2", "0.1")[6])
+    blend = UCMConfig.from_extra_config(config["kv_connector_extra_config"]).sparse
+    assert (blend.check_layer, blend.ratio, blend.later_checks) == (1, 0.3, ((16, 0.2), (29, 0.1)))
+    config = json.loads(serve(model_dir, "--enable-blend", "--blend-check-layers", "0", "16",
+                              "--blend-recompute-ratios", "0.1")[6])
+    blend = UCMConfig.from_extra_config(config["kv_connector_extra_config"]).sparse
+    assert (blend.check_layer, blend.ratio, blend.later_checks) == (0, 0.1, ((16, 0.1),))

@@ -787,3 +787,28 @@ def test_adaptive_admission_stores_first_sightings_while_requests_find_their_chu
     for i in range(2):  # requests that find every chunk block they look up
         first_step(side, request(side, f"hit-{i}", tokens))
     assert _exact_keys(side, "new-too", prompt(8)) <= set(_computed_dumps(side, "new-too", prompt(8)))
+
+
+def test_a_store_down_on_a_worker_makes_the_schedulers_lookups_miss(tmp_path):
+    """A worker whose load timed out counts the store as down and says so in its report: the
+    scheduler's lookups, which a mount answering stats but not reads still answers, miss at once
+    (counted) instead of planning loads that would fail; once the back-off ends they hit again."""
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path, store_extra={"down_backoff_s": 0.3, "down_backoff_max_s": 0.3},
+                    admission=STORE_ALL)
+    tokens = prompt(9)
+    store_chunks(side, tokens)
+    side.take_report(UCMWorkerReport(store_down_s=0.3))
+    assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0) == (0, False)
+    assert side.stats.data["store_down_blocks"] > 0
+    time.sleep(0.35)
+    assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (21, False)
+
+
+def test_worker_reports_aggregate_the_longest_store_down_time():
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    merged = UCMWorkerReport(store_down_s=2.0).aggregate(UCMWorkerReport(store_down_s=5.0))
+    assert merged.store_down_s == 5.0 and not merged.is_empty()
+    assert UCMWorkerReport().is_empty()

@@ -48,3 +48,17 @@ def test_a_step_whose_blend_region_was_not_run_stores_nothing(tmp_path):
     assert report.not_stored == {d.key for r in meta.requests for d in r.dumps}
     assert w.stats.data["dumps_refused"] == 2 and not w._pending
     assert w.build_report() is None  # reported once
+
+
+def test_while_the_store_is_down_nothing_is_gathered_and_the_scheduler_is_told(tmp_path):
+    """A store counted as down (here: told so, as the scheduler's store is by a worker) refuses
+    dumps without IO: the worker does not gather their KV, reports them not stored and reports
+    how long the store stays down, every step until it answers again."""
+    w = worker(tmp_path)
+    w.store.hold_down(30)
+    meta = step_with_dumps("a")
+    w.wait_for_save(meta)
+    report = w.build_report()
+    assert report.not_stored == {meta.requests[0].dumps[0].key} and 0 < report.store_down_s <= 30
+    assert w.stats.data["store_down_blocks"] == 1 and not w._pending
+    assert w.build_report().store_down_s > 0  # said again on the next step

@@ -36,21 +36,23 @@ def blend_transfer_config(store_dir: str | Path = DEFAULT_STORE, chunk_end_token
                           recompute_ratios: Sequence[float] = (DEFAULT_RATIO,),
                           chunk_separator: Sequence[int] | str | None = None) -> dict[str, Any]:
     """The kv_transfer_config (a dict, as `--kv-transfer-config` takes it) of Blend on one store
-    directory. One check layer and one ratio (the plugin's lists, of length one); chunks end with
+    directory. The plugin's lists: check layers (several: CacheBlend's gradual filtering, the
+    selection narrowing at each), and one ratio for all of them or one per layer; chunks end with
     `chunk_end_token_id` or with `chunk_separator` (token ids, or text the engine tokenizes)."""
     if chunk_end_token_id is not None and chunk_separator is not None:
         raise UCMConfigError("give a chunk end token id or a chunk separator, not both")
-    if len(check_layers) != 1:
-        raise UCMConfigError(f"{CHECK_LAYERS} {' '.join(map(str, check_layers))}: several check layers (CacheBlend's "
-                             f"gradual filtering) are not supported yet; give one layer, e.g. {DEFAULT_CHECK_LAYER}")
-    if len(recompute_ratios) != 1:
-        raise UCMConfigError(f"{RATIOS} {' '.join(map(str, recompute_ratios))}: one ratio per check layer, and one "
-                             f"check layer is supported; give one ratio, e.g. {DEFAULT_RATIO}")
+    if not check_layers:
+        raise UCMConfigError(f"{CHECK_LAYERS}: give at least one layer, e.g. {DEFAULT_CHECK_LAYER}")
+    if len(recompute_ratios) not in (1, len(check_layers)):
+        raise UCMConfigError(f"{RATIOS} {' '.join(map(str, recompute_ratios))}: give one ratio, or one per check "
+                             f"layer ({len(check_layers)})")
+    ratios = list(recompute_ratios) * len(check_layers) if len(recompute_ratios) == 1 else list(recompute_ratios)
+    pairs = sorted(zip(check_layers, ratios))
     separator = None if chunk_separator is None else {
         "chunk_separator": chunk_separator if isinstance(chunk_separator, str) else [int(t) for t in chunk_separator]}
     # chunk_end_token_id and chunk_separator None: chunks by per-request lengths only
-    return ucm_transfer_dict(store_dir, recompute_ratios[0], chunk_end_token_id, attn_layer_name(check_layers[0]),
-                             blend_options=separator)
+    return ucm_transfer_dict(store_dir, pairs[0][1], chunk_end_token_id, attn_layer_name(pairs[0][0]),
+                             blend_options=separator, later_checks=pairs[1:])
 
 
 def _take(argv: list[str], flag: str) -> list[str] | None:

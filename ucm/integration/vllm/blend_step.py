@@ -59,3 +59,5 @@ class BlendStep:
     stats: Counters  # the worker's counters: the forward adds recomputed / reused tokens
     rope: tuple | None = None  # (float32 cos/sin cache, is_neox_style) of the model: the KV shift rotates K errors
     max_rows: int | None = None  # the scheduler's cap on the rows run beside vLLM's (checked, counted if passed)
+    # (layer, ratio) of each later check layer: the selection narrows there (gradual filtering)
+    narrowing: tuple[tuple[int, float], ...] = ()

@@ -10,7 +10,10 @@ Blend on and no scheduler class given, BlendFirstScheduler (it admits blend requ
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
+
+from ucm.config import attn_layer_name
 
 DEFAULT_CPU_KVCACHE_GIB = "4"
 
@@ -51,22 +54,25 @@ def make_llm(model: str, **overrides: Any):
 def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int | None = 2,
                         check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
                         chunk_store: str | None = None, kv_shift: float | None = None,
-                        store_options: dict[str, Any] | None = None, blend_options: dict[str, Any] | None = None):
+                        store_options: dict[str, Any] | None = None, blend_options: dict[str, Any] | None = None,
+                        later_checks: Sequence[tuple[int, float]] = ()):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given
     (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default; `store_options`:
     more UcmNfsStore keys, such as its timeouts; `blend_options`: more Blend keys)."""
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(**ucm_transfer_dict(store_dir, blend_ratio, chunk_end_token_id, check_layer, capacity_gb,
-                                                chunk_store, kv_shift, store_options, blend_options))
+                                                chunk_store, kv_shift, store_options, blend_options, later_checks))
 
 
 def ucm_transfer_dict(store_dir, blend_ratio: float | None = None, chunk_end_token_id: int | None = 2,
                       check_layer: str = "model.layers.1.self_attn.attn", capacity_gb: float | None = None,
                       chunk_store: str | None = None, kv_shift: float | None = None,
                       store_options: dict[str, Any] | None = None,
-                      blend_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The same as a dict, as `--kv-transfer-config` takes it in JSON."""
+                      blend_options: dict[str, Any] | None = None,
+                      later_checks: Sequence[tuple[int, float]] = ()) -> dict[str, Any]:
+    """The same as a dict, as `--kv-transfer-config` takes it in JSON (`later_checks`: (layer,
+    ratio) of each check layer after the first, CacheBlend's gradual filtering)."""
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
     if capacity_gb is not None:
         store["capacity_gb"] = capacity_gb
@@ -79,6 +85,8 @@ def ucm_transfer_dict(store_dir, blend_ratio: float | None = None, chunk_end_tok
             extra["ucm_sparse_config"]["Blend"]["chunk_store"] = chunk_store
         if kv_shift is not None:
             extra["ucm_sparse_config"]["Blend"]["compute_meta"][check_layer]["kv_shift"] = kv_shift
+        for layer, ratio in later_checks:
+            extra["ucm_sparse_config"]["Blend"]["compute_meta"][attn_layer_name(layer)] = {"ratio": ratio}
         extra["ucm_sparse_config"]["Blend"].update(blend_options or {})
     return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
 

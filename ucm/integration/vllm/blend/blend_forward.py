@@ -31,6 +31,7 @@ from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, laye
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
+from ucm.sparse.blend.gradual import narrowed
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
 from ucm.sparse.blend.query_probe import (probe_candidates, probe_query_mask,
                                           query_weighted_score, rows_after_loaded)
@@ -67,14 +68,15 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries) \
         if bool(roles.oracled.any()) else None  # diagnostic: before anything below touches the cache
     hidden, residual = run_layers(early, batch.rows, ~roles.deferred, batch.hidden, None)
-    score, candidates, hidden, residual = _score_loaded_rows(model, step, batch, roles, hidden, residual, oracle)
+    score, candidates, mass, hidden, residual = _score_loaded_rows(model, step, batch, roles, hidden, residual,
+                                                                   oracle)
     deferred = roles.deferred if candidates is None else roles.deferred & ~candidates
     selected = _select(step, batch, roles, score)
     compute = _rows_to_compute(step, batch, roles, selected)
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.
     hidden, residual = run_layers(early, batch.rows, compute & deferred, hidden, residual)
-    return _run_from_check_layer(model, step, batch, roles, compute, hidden, residual)
+    return _run_from_check_layer(model, step, batch, roles, compute, hidden, residual, mass)
 
 
 @dataclass
@@ -128,7 +130,8 @@ def _row_roles(batch: _Batch, step: BlendStep) -> _RowRoles:
 
 
 def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, hidden, residual, oracle):
-    """Each loaded row's selection score, and the probe's candidates (None without probed requests).
+    """Each loaded row's selection score, the probe's candidates and the question's attention
+    mass over the rows (both None without probed requests).
 
     Deviation on V, as CacheBlend's own kernels rank it: K deviation at the check layer is mostly
     RoPE-position noise and predicts later-layer error worse (the key rules measure it anyway).
@@ -160,7 +163,7 @@ def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, 
         if tp:
             oracle = tensor_model_parallel_all_reduce(oracle)
         score = torch.where(roles.oracled[b.segment], oracle, score)
-    return score, candidates, hidden, residual
+    return score, candidates, mass, hidden, residual
 
 
 def _select(step: BlendStep, batch: _Batch, roles: _RowRoles, score: torch.Tensor) -> torch.Tensor:
@@ -198,27 +201,60 @@ def _rows_to_compute(step: BlendStep, batch: _Batch, roles: _RowRoles, selected:
 
 
 def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRoles, compute, hidden,
-                          residual) -> torch.Tensor:
+                          residual, mass=None) -> torch.Tensor:
     """The check layer and the later layers on the `compute` rows over the loaded (and shifted)
-    KV of the others; returns the final norm of vLLM's rows, in its order."""
+    KV of the others, narrowing the rows at each later check layer (`step.narrowing`); returns
+    the final norm of vLLM's rows, in its order."""
     b = batch.rows
-    pseudo = pseudo_request_metadata(compute, b.segment, b.positions.long())
-    logger.debug("blend: %d of %d tokens recomputed after layer %d, in %d runs", pseudo.num_tokens,
-                 b.positions.shape[0], step.check_layer, pseudo.num_runs)
-    idx = pseudo.token_indices
-    shift = _kv_shift_plan(batch, step, roles.loaded & ~compute, idx, roles.loaded[idx])
     inject("forward")
-    h, r = run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual, shift)
-    if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
-        hidden, residual = hidden.clone(), torch.zeros_like(hidden)
-    hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
-    residual[idx] = r
+    start = step.check_layer
+    for end, ratio in [*step.narrowing, (len(model.layers), None)]:
+        pseudo = pseudo_request_metadata(compute, b.segment, b.positions.long())
+        logger.debug("blend: %d of %d tokens recomputed in layers %d..%d, in %d runs", pseudo.num_tokens,
+                     b.positions.shape[0], start, end - 1, pseudo.num_runs)
+        idx = pseudo.token_indices
+        shift = _kv_shift_plan(batch, step, roles.loaded & ~compute, idx, roles.loaded[idx])
+        h, r = run_subset(model.layers[start:end], b, pseudo, hidden, residual, shift)
+        if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
+            hidden, residual = hidden.clone(), torch.zeros_like(hidden)
+        hidden[idx] = h  # h, r were gathered as copies: the fused add+norm never touched these rows
+        residual[idx] = r
+        if ratio is not None:
+            compute = _narrow(model.layers[end], end, step, batch, roles, compute, hidden, residual, ratio, mass)
+            start = end
     # Only vLLM's rows go back, in its order (the sampler reads them); padding rows stay zero.
     rows = batch.scheduled if batch.scheduled is not None else slice(None)
     out = hidden.new_zeros(batch.num_input_rows, hidden.shape[1])
     n = b.positions.shape[0]
     out[:n if batch.scheduled is None else batch.scheduled.shape[0]], _ = model.norm(hidden[rows], residual[rows])
     return out
+
+
+def _narrow(layer, layer_index: int, step: BlendStep, batch: _Batch, roles: _RowRoles, compute, hidden, residual,
+            ratio: float, mass) -> torch.Tensor:
+    """CacheBlend's gradual filtering at a later check layer: the loaded rows still recomputed are
+    ranked again by their V deviation there (weighted by the question's attention for probed
+    requests, as at the first check layer), and each request keeps the top `ratio` of its loaded
+    rows (at most its own ratio); the others keep their loaded KV from this layer on. Each
+    request's last row and its chunk-start rows stay. Returns the narrowed `compute`."""
+    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+
+    b = batch.rows
+    ranked = roles.loaded & compute & ~roles.last & ~batch.near_chunk_start
+    if not bool(ranked.any()):
+        return compute
+    stale_v = step.layout.gather(step.caches[layer_index], b.slot_mapping[ranked])[1]  # not yet overwritten
+    with b.lora_rows(torch.nonzero(ranked).flatten()):
+        _, fresh_v = _check_layer_kv(layer, hidden[ranked], residual[ranked], None)
+    deviation = torch.zeros(b.positions.shape[0], dtype=torch.float32, device=hidden.device)
+    deviation[ranked] = token_deviation(fresh_v, stale_v.to(fresh_v.dtype))
+    if get_tensor_model_parallel_world_size() > 1:
+        deviation = tensor_model_parallel_all_reduce(deviation)
+    score = deviation if mass is None else torch.where(
+        roles.probed[b.segment], mass * deviation.clamp(min=0).sqrt(), deviation)
+    keep = narrowed(score, ranked, roles.loaded & compute & ~ranked, roles.loaded, b.segment, batch.ratios, ratio)
+    step.stats.add("narrowed_tokens", int(ranked.sum()) - int(keep.sum()))
+    return compute & ~(ranked & ~keep)
 
 
 @dataclass

@@ -111,6 +111,9 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
     load_failed: set[str] = field(default_factory=set)  # request ids with a failed or timed-out load
     not_blended: set[str] = field(default_factory=set)  # request ids whose Blend region was not run
     blend_error: set[str] = field(default_factory=set)  # request ids handed back to vLLM after a fault
+    # Seconds the store still counts as down on some rank (a load or dump passed its deadline):
+    # the scheduler's lookups, which a mount that answers stats but not reads still answers, miss.
+    store_down_s: float = 0.0
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> UCMWorkerReport:
         assert isinstance(other, UCMWorkerReport)
@@ -118,7 +121,9 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
         for key, ranks in other.stored.items():
             stored[key] = stored.get(key, 0) + ranks
         return UCMWorkerReport(stored, self.not_stored | other.not_stored, self.load_failed | other.load_failed,
-                               self.not_blended | other.not_blended, self.blend_error | other.blend_error)
+                               self.not_blended | other.not_blended, self.blend_error | other.blend_error,
+                               max(self.store_down_s, other.store_down_s))
 
     def is_empty(self) -> bool:
-        return not (self.stored or self.not_stored or self.load_failed or self.not_blended or self.blend_error)
+        return not (self.stored or self.not_stored or self.load_failed or self.not_blended or self.blend_error
+                    or self.store_down_s)

@@ -121,6 +121,8 @@ class SchedulerSide:
         for req_id in report.blend_error:
             self._distrust(req_id, "blend_error")
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
+        if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
+            self.view.store.hold_down(report.store_down_s)
 
     def _distrust(self, req_id: str, reason: str) -> None:
         state = self._states.get(req_id)

@@ -51,6 +51,7 @@ COUNTERS: dict[str, str] = {
     "sightings_failed": "Sightings the store did not write",
     "blocks_not_admitted": "Computed prompt blocks not stored: the first sighting of their segment (admission second_sighting)",
     "lookup_timeout_blocks": "Blocks a store lookup did not answer within lookup_timeout_s (misses: computed in full)",
+    "store_down_blocks": "Blocks looked up, loaded or dumped while the store counted as down after a deadline passed (down_backoff_s): misses and refusals without IO, computed in full",
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
@@ -67,6 +68,7 @@ COUNTERS: dict[str, str] = {
     "dumps_refused": "Blocks not handed to the store because their KV could not be trusted (a failed load of their request, or a Blend region the forward did not run)",
     "dump_bytes": "Bytes handed to the store",
     "recomputed_tokens": "Loaded chunk tokens recomputed from the check layer on",
+    "narrowed_tokens": "Of recomputed_tokens, those dropped at a later check layer (gradual filtering): their loaded KV kept from there on",
     "blend_rows": "Rows the Blend forward ran from the check layer on beside vLLM's scheduled ones (misses, question, recomputed tokens)",
     "blend_steps_over_cap": "Steps whose Blend rows exceeded max_step_tokens (the scheduler admits within it: never expected)",
     "reused_tokens": "Loaded chunk tokens that kept their loaded KV from the check layer on",

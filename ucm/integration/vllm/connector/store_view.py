@@ -54,6 +54,7 @@ class StoreView:
         # (task, records, counter prefix).
         self.record_writes: list[tuple[Task, list[bytes], str]] = []
         self._lookup_timeouts = 0  # the store's count when last read
+        self._down_refusals = 0  # the same
 
     def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
         return store_key(self.namespace, kind, block_hash)
@@ -70,10 +71,13 @@ class StoreView:
         start = time.perf_counter()
         found = self.store.lookup_shards(keys, self.num_shards)
         self.stats.add("lookup_seconds", time.perf_counter() - start)
-        timeouts = self.store.stats().lookup_timeouts
-        if timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
-            self.stats.add("lookup_timeout_blocks", timeouts - self._lookup_timeouts)
-            self._lookup_timeouts = timeouts
+        stats = self.store.stats()
+        if stats.lookup_timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
+            self.stats.add("lookup_timeout_blocks", stats.lookup_timeouts - self._lookup_timeouts)
+            self._lookup_timeouts = stats.lookup_timeouts
+        if stats.down_refusals != self._down_refusals:  # the store counts as down: misses without IO
+            self.stats.add("store_down_blocks", stats.down_refusals - self._down_refusals)
+            self._down_refusals = stats.down_refusals
         if self.pending and any(not f and k in self.pending for f, k in zip(found, keys)):
             self.awaited = True
         return found

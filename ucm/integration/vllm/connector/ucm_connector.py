@@ -175,7 +175,8 @@ class UCMConnector(KVConnectorBase_V1):
             try:
                 self._worker = WorkerSide(
                     vllm_config, self.store, blend.check_layer if blend else None,
-                    blend.step_cap(vllm_config.scheduler_config.max_num_batched_tokens) if blend else None)
+                    blend.step_cap(vllm_config.scheduler_config.max_num_batched_tokens) if blend else None,
+                    blend.later_checks if blend else ())
             except Exception:
                 self.store.close()
                 raise

@@ -20,6 +20,7 @@ from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, Regio
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
+from ucm.integration.vllm.connector.rank_agreement import RankAgreement
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.faults import ErrorLog, inject
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys, signed_cos_sin_cache, signed_positions
@@ -57,12 +58,22 @@ def tensor_parallel_rank_and_size() -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
 
+class PeerLoadFailed(RuntimeError):
+    """Another tensor-parallel rank failed this step's loads: this rank hands the step back too."""
+
+
+def _num_loads(meta: UCMConnectorMetadata) -> int:
+    return sum(len(req.chunk_loads) + len(req.prefix_loads) for req in meta.requests)
+
+
 class WorkerSide:
-    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, max_blend_rows: int | None = None):
+    def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, max_blend_rows: int | None = None,
+                 narrowing: tuple[tuple[int, float], ...] = ()):
         self.vllm_config = vllm_config
         self.max_blend_rows = max_blend_rows
         self.store = store
         self.check_layer = check_layer
+        self.narrowing = narrowing  # the later check layers (gradual filtering)
         self.block_size = vllm_config.cache_config.block_size
         self.layer_names: list[str] = []
         self.caches: list[torch.Tensor] = []
@@ -74,6 +85,7 @@ class WorkerSide:
         self._failed_block_ids: set[int] = set()
         # Each rank stores its own heads under its own key (shard_key): ranks never read each other's.
         self.rank, self.world = tensor_parallel_rank_and_size()
+        self._agreement = RankAgreement(self.world)
         self._report = UCMWorkerReport()  # for the scheduler, after this step
         # Requests whose KV may be wrong (a failed load, a Blend region never run): nothing of theirs
         # is dumped until they finish.
@@ -172,9 +184,20 @@ class WorkerSide:
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
         self._blend_requests = []
+        self._agreement.begin_step()
+        failed: Exception | None = None
         try:
             self._load(meta)
         except Exception as exc:  # a cache fault must not take the engine down: vLLM computes instead
+            failed = exc
+        if self.world > 1 and any(req.prefix_loads or req.chunk_loads or req.blend is not None
+                                  for req in meta.requests):
+            if not self._agreement.joined:  # the other ranks wait in the per-block agreement
+                self._agreement.loaded(_num_loads(meta), None)
+            if self._agreement.any_failed(failed is not None) and failed is None:
+                failed = PeerLoadFailed("another tensor-parallel rank's loads or placement failed")
+        if failed is not None:
+            exc = failed
             self._blend_step = None
             # The store's IO threads may still be writing the load buffers: never reuse them.
             self._buffers.pop("chunk_rows", None)
@@ -211,10 +234,14 @@ class WorkerSide:
             destinations.append(whole[at:at + ld.num_tokens])
             at += ld.num_tokens
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
+        refused = self.store.stats().down_refusals
         task = self.store.load(keys, [_bytes_view(d) for d in destinations])
         waited = time.perf_counter()
-        ok = self.store.wait(task)
+        ok = self._agreement.loaded(len(keys), self.store.wait(task))
+        if ok is None:
+            raise PeerLoadFailed("another tensor-parallel rank's loads failed")
         self.stats.add("load_wait_seconds", time.perf_counter() - waited)
+        self.stats.add("store_down_blocks", self.store.stats().down_refusals - refused)
         if task.timed_out:  # IO threads may still write the load buffers: never reuse them
             self._buffers.pop("chunk_rows", None)
             self._buffers.pop("whole_blocks", None)
@@ -256,7 +283,7 @@ class WorkerSide:
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats,
                                          None if self._cos_sin is None else (self._cos_sin, self._is_neox),
-                                         self.max_blend_rows)
+                                         self.max_blend_rows, self.narrowing)
         elapsed = time.perf_counter() - start
         self.stats.add("load_seconds", elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
@@ -404,6 +431,10 @@ class WorkerSide:
             return
         start = time.perf_counter()
         self._reap_dumps(block=False)
+        if self.store.down_for_s() > 0:  # refused without IO: not worth the gathers
+            self.stats.add("store_down_blocks", len(dumps))
+            self._report.not_stored.update(d.key for _, d in dumps)
+            return
         nbytes = sum(d.num_tokens for _, d in dumps) * self.token_bytes
         if self._pending and self._pending_bytes + nbytes > self.dump_queue_bytes:
             self.stats.add("dumps_dropped", len(dumps))
@@ -429,6 +460,7 @@ class WorkerSide:
         vLLM asks for it at the end of every step, forward or not: finished dumps are reaped here."""
         self._reap_dumps(block=False)
         report, self._report = self._report, UCMWorkerReport()
+        report.store_down_s = self.store.down_for_s()
         return None if report.is_empty() else report
 
     def _gather(self, req: RequestStep, dump: BlockDump) -> torch.Tensor:

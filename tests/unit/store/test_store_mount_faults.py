@@ -1,0 +1,110 @@
+"""The store on a mount that misbehaves for real: a FUSE passthrough (tests/fault_mount.py) over
+a directory, hanging, slowing or failing calls as an NFS server does. Skipped where FUSE cannot
+mount (no /dev/fuse, no libfuse, not root)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from _store_test_helpers import block_for, key_of
+from fault_mount import FaultMount
+
+pytestmark = pytest.mark.skipif(FaultMount.available() is not None, reason=f"FUSE: {FaultMount.available()}")
+
+
+@pytest.fixture
+def mount(tmp_path):
+    with FaultMount(tmp_path / "server", tmp_path / "mnt") as m:
+        yield m
+
+
+@pytest.fixture
+def stored(mount, make_store):
+    """A store on the mount with 4 blocks in it; short deadlines."""
+    store = make_store(storage_backends=str(mount.mountpoint), load_timeout_s=1, lookup_timeout_s=1,
+                       dump_timeout_s=1, down_backoff_s=0.5, down_backoff_max_s=2)
+    keys = [key_of(i) for i in range(4)]
+    assert store.wait(store.dump(keys, [block_for(k, 4096) for k in keys], [1] * 4)) == [True] * 4
+    return store, keys
+
+
+def _load(store, keys):
+    dest = [np.zeros_like(block_for(k, 4096)) for k in keys]
+    t0 = time.monotonic()
+    ok = store.wait(store.load(keys, dest))
+    return ok, time.monotonic() - t0, dest
+
+
+def _until(predicate, seconds=15.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_reads_that_hang_cost_one_timeout_then_the_store_is_down_until_they_return(mount, stored):
+    """What an NFS client with cached attributes shows: stats answer, opens and reads hang. One
+    load pays its deadline; lookups, loads and dumps after it are answered at once, without IO,
+    while the reads stay hung (however many back-offs pass); after release the store serves again."""
+    store, keys = stored
+    mount.set(hang=["open", "read"])
+    ok, seconds, _ = _load(store, keys)
+    assert ok == [False] * 4 and 0.9 < seconds < 3
+    assert store.stats().down_trips == 1 and store.down_for_s() > 0
+    for _ in range(3):  # lookups, loads and dumps: at once, misses
+        t0 = time.monotonic()
+        assert store.lookup(keys) == [False] * 4
+        assert _load(store, keys)[0] == [False] * 4
+        new = key_of(99)
+        assert store.wait(store.dump([new], [block_for(new, 4096)], [1])) == [False]
+        assert time.monotonic() - t0 < 0.2
+        time.sleep(0.6)  # past a back-off: the timed-out reads are still hung, so still down
+    assert store.abandoned("load") == 1  # nothing more was sent into the hung mount
+    stats = store.stats()
+    assert stats.load_timeouts == 4 and stats.down_refusals == 3 * (4 + 4 + 1) and stats.down_trips > 1
+    mount.set()
+    _until(lambda: store.down_for_s() == 0)
+    ok, _, dest = _load(store, keys)
+    assert ok == [True] * 4
+    assert all(np.array_equal(d, block_for(k, 4096)) for d, k in zip(dest, keys))
+    assert store.lookup(keys) == [True] * 4
+
+
+def test_a_dump_on_a_mount_whose_opens_hang_does_not_block_its_caller(mount, stored):
+    """A dump reads the root's marker (an open) before writing: on a mount whose opens hang it is
+    refused within the lookups' deadline instead of blocking the worker, and nothing is written."""
+    store, _ = stored
+    mount.set(hang=["open"])
+    new = key_of(50)
+    t0 = time.monotonic()
+    assert store.wait(store.dump([new], [block_for(new, 4096)], [1])) == [False]
+    assert time.monotonic() - t0 < 2.5
+    assert store.down_for_s() > 0
+    mount.set()
+    _until(lambda: store.down_for_s() == 0)
+    assert store.wait(store.dump([new], [block_for(new, 4096)], [1])) == [True]
+    assert _load(store, [new])[0] == [True]
+
+
+def test_reads_failing_with_eio_are_misses_and_do_not_count_the_store_as_down(mount, stored):
+    store, keys = stored
+    mount.set(eio=["read"])
+    assert _load(store, keys)[0] == [False] * 4
+    stats = store.stats()
+    assert stats.quarantined == 4 and stats.down_trips == 0 and stats.load_timeouts == 0
+    mount.set()
+    assert store.lookup(keys) == [False] * 4  # quarantined in this process: not read again for a while
+
+
+def test_a_slow_mount_is_slow_not_down(mount, stored):
+    """5 ms on every call (a loaded NFS server) and reads capped at 50 MB/s: every block still
+    comes back whole and nothing times out."""
+    store, keys = stored
+    mount.set(latency_ms=5, bandwidth_mb_s=50)
+    ok, seconds, dest = _load(store, keys)
+    assert ok == [True] * 4 and seconds < 1
+    assert all(np.array_equal(d, block_for(k, 4096)) for d, k in zip(dest, keys))
+    assert store.stats().down_trips == 0

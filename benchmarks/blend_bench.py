@@ -143,7 +143,13 @@ def main(argv: list[str] | None = None) -> int:
               f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
         started = time.time()
         engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
-        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args), **engine)
+
+        def partial(results) -> None:  # the JSON so far, after every question: a crash keeps what was measured
+            if args.out:
+                write_results_json(args.out, args, results, summarize([m for r in results for m in r.measurements],
+                                                                      modes), modes, started, {"partial": True})
+
+        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args, partial), **engine)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1
@@ -164,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(llm, examples, modes: list[Mode], args):
+def run(llm, examples, modes: list[Mode], args, on_results=None):
     from tqdm import tqdm
+
+    done = []
 
     def show_answer(m):
         if args.verbose:
@@ -174,6 +182,9 @@ def run(llm, examples, modes: list[Mode], args):
     def show_question(result, ex):
         if args.verbose:
             tqdm.write(f"    Q: {ex.question}  gold: {list(ex.answers)}")
+        done.append(result)
+        if on_results is not None:
+            on_results(done)
 
     related = None
     if args.index_related:

@@ -58,6 +58,14 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen05_gradual_generated8.json", "Gradual filtering (CacheBlend's several check layers) on Qwen2.5-Coder-0.5B-"
+     "Instruct: check layer 1, a later check layer 4 at ratio 0.15, the same 8 generated questions as "
+     "qwen05_ratios_generated8.json. Its 'blend 0.15' selects 0.15 at layer 1 and keeps it all at layer 4 (one check "
+     "layer's selection); its 'blend 0.3' selects 0.3 at layer 1 and narrows to 0.15 at layer 4 (gradual). One check "
+     "layer at 0.3: qwen05_ratios_generated8.json (a 0.5B run shared the cores with a quality check, so TTFTs are rough)",
+     f"{_Q} --model qwen2.5-coder-0.5b --generated --passages 10 --passage-words 120 --max-tokens 4 --kl-tokens 1 "
+     "--num-questions 8 --sweep --ratios 0.15,0.3 --selections query --later-checks 4:0.15 --no-plot "
+     "--out benchmarks/results/qwen05_gradual_generated8.json"),
     ("qwen05_long_ratios_generated4.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts at the new default ratio 0.3 "
      "and at 0.15: the same 4 generated questions of 10 passages x 450 words (~5.4k tokens) as "
      "qwen05_long_generated4.json, the query rule, next-token KL; the offline TTFT speed-up at this length",
@@ -467,14 +475,21 @@ LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_rules_generated8.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
+    ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
+    ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
     ("Store under faults", "store_faults.json"),
+]
+PROFILE_RUNS = [
+    ("profile_fresh_blend.json", "Where a Blend server's engine core and worker spend their time on a stream without reuse",
+     "python benchmarks/profile_stream.py --out benchmarks/results/profile_fresh_blend.json -- --fresh --servers blend "
+     "--num-requests 10 --warmup 1 --concurrency 2"),
 ]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
@@ -518,6 +533,9 @@ def eval_context(data: dict) -> str:
     extra = "".join(f", {label} {c[key]}" for key, label in (("miss_passages", "passages left unindexed"),
                                                               ("min_question_tokens", "questions over tokens"))
                     if c.get(key))
+    if c.get("later_checks"):
+        extra += ", later check layers " + ", ".join(f"{layer} (ratio {ratio:g})" for layer, ratio in c["later_checks"])
+        extra += ": a Blend mode's ratio selects at the check layer and narrows to min(its ratio, the layer's) there"
     return (f"{model}, {c.get('num_questions')} questions ({dataset}{extra}), prompts of {t.get('min')}-{t.get('max')} tokens, "
             f"dtype {c.get('dtype') if c.get('dtype') not in (None, 'default') else 'float32'}, {c.get('cpu_count')} CPUs, started {c.get('started')}, "
             f"{c.get('duration_s', 0) / 60:.0f} min{code}, Blend modes {_kv_shift(c)} unless named")
@@ -861,6 +879,25 @@ def paired_table(base: dict, new: dict, pairs) -> str:
     return "\n".join(lines)
 
 
+def profile_table(data: dict) -> list[str]:
+    """A profile_stream.py run: each vLLM process's samples by part, and the connector's heaviest entry points."""
+    over = f" over {data['duration_s']:.0f} s" if data.get("duration_s") else ""
+    lines = [f"py-spy at {data['rate_hz']} Hz{over}.", ""]
+    for label, proc in data["processes"].items():
+        total, busy = proc["samples"], max(proc["busy_samples"], 1)
+        lines += [f"**{label}**: {total} samples, {proc['busy_samples']} busy.", "",
+                  "| part | share of samples | share of busy samples |", "|---|---|---|"]
+        for part, n in proc["parts"].items():
+            busy_share = "" if part.startswith("idle") else f"{100 * n / busy:.1f}%"
+            lines.append(f"| {part} | {100 * n / max(total, 1):.1f}% | {busy_share} |")
+        entries = list(proc["connector_entry_points"].items())[:8]
+        if entries:
+            lines += ["", "| connector entry point | share of busy samples |", "|---|---|"]
+            lines += [f"| `{fn}` | {100 * n / busy:.1f}% |" for fn, n in entries]
+        lines.append("")
+    return lines
+
+
 def study_table(data: dict) -> str:
     """One row per variant of a reuse_study.py run."""
     lines = ["| variant | next-token KL | same answer | recomputed share |", "|---|---|---|---|"]
@@ -896,6 +933,8 @@ def sections() -> list[tuple[str, list[str]]]:
     name, command = HIT_THRESHOLD_RUN
     out.append(_section("Where Blend pays: one request, k of 10 passages cached", f"`{command}`", name,
                         hit_threshold_table))
+    for name, title, command in PROFILE_RUNS:
+        out.append(_section(title, f"`{command}`", name, profile_table))
     name, command = FAULTS_RUN
     out.append(_section("Store under faults", f"`{command}` -> `benchmarks/results/{name}`", name,
                         lambda data: [faults_table(data)]))

@@ -1,15 +1,16 @@
 """Where a server's engine spends its time on a RAG stream: py-spy samples of every process of a
-`rag_traffic.py` run, the engine core's samples split by what they were doing.
+`rag_traffic.py` run, vLLM's processes' samples split by what they were doing.
 
     python benchmarks/profile_stream.py --out benchmarks/results/profile_fresh.json -- \\
         --fresh --servers blend --num-requests 12 --warmup 1 --concurrency 2
 
 Everything after `--` goes to rag_traffic.py. py-spy (`pip install py-spy`) samples the whole
-process tree at --rate Hz; the engine core's samples (vLLM's EngineCore process, which on CPU runs
-the model too) are sorted into the connector's parts (scheduler side: lookups, planning; worker
+process tree at --rate Hz; the samples of vLLM's processes are sorted into the connector's parts (scheduler side: lookups, planning; worker
 side: loads, dumps; the store), the Blend forward, vLLM's model forward, vLLM's scheduler and
 idle, by the innermost frame that names one of them. Printed as a table and written as JSON with
-the 40 heaviest connector functions.
+the 40 heaviest connector functions. On CPU vLLM runs the model in a Worker process beside the
+EngineCore (scheduler): each is summarized on its own. `--samples RAW` summarizes an earlier
+run's raw file again.
 """
 
 from __future__ import annotations
@@ -29,42 +30,91 @@ HERE = Path(__file__).resolve().parent
 
 # (part, substring of a frame "function (file:line)"), innermost match wins; checked in order.
 PARTS = [
-    ("store (ucm/store)", "/ucm/store/"),
-    ("connector: scheduler side", "/connector/scheduler_side.py"),
-    ("connector: scheduler side", "/connector/store_view.py"),
-    ("connector: scheduler side", "/connector/request_plan.py"),
-    ("connector: scheduler side", "/connector/dump_plan.py"),
-    ("connector: scheduler side", "/connector/blend_first_scheduler.py"),
-    ("connector: scheduler side", "/connector/approximate_hashes.py"),
-    ("connector: worker side", "/connector/worker_side.py"),
-    ("connector: worker side", "/connector/rank_agreement.py"),
-    ("connector: other", "/connector/"),
-    ("Blend forward", "/ucm/integration/vllm/blend/"),
-    ("Blend algorithm (ucm/sparse)", "/ucm/sparse/"),
-    ("vLLM model forward", "/vllm/model_executor/"),
-    ("vLLM attention", "/vllm/v1/attention/"),
-    ("vLLM scheduler", "/vllm/v1/core/"),
-    ("vLLM worker / runner", "/vllm/v1/worker/"),
+    ("store (ucm/store)", "ucm/store/"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/scheduler_side.py"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/store_view.py"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/request_plan.py"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/dump_plan.py"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/blend_first_scheduler.py"),
+    ("connector: scheduler side", "ucm/integration/vllm/connector/approximate_hashes.py"),
+    ("connector: worker side", "ucm/integration/vllm/connector/worker_side.py"),
+    ("connector: worker side", "ucm/integration/vllm/connector/rank_agreement.py"),
+    ("connector: other", "ucm/integration/vllm/connector/"),
+    ("Blend forward", "ucm/integration/vllm/blend/"),
+    ("Blend algorithm (ucm/sparse)", "ucm/sparse/"),
+    ("vLLM model forward", "vllm/model_executor/"),
+    ("vLLM attention", "vllm/v1/attention/"),
+    ("vLLM scheduler", "vllm/v1/core/"),
+    ("vLLM worker / runner", "vllm/v1/worker/"),
 ]
-IDLE = ("select", "poll", "wait (threading.py", "_recv", "recv_multipart", "get (queue.py", "sleep")
+# Leaf frames of a thread that waits (py-spy's --idle keeps them: a sample there is no work). The
+# store's IO threads are native, so py-spy sees neither their waits nor their work.
+IDLE = ("Condition.wait (threading.py", "select (selectors.py", "Poller.poll (zmq", "_serve (ucm/store/deadline.py",
+        "main (multiprocessing/resource_tracker.py", "Connection._recv (multiprocessing", "sched_yield (vllm/",
+        "_worker (concurrent/futures/thread.py", "Runner.run (asyncio", "sleep", "Event.wait (threading.py")
+
+
+def _path(frame: str) -> str:
+    """The file of a frame "function (path:line)", relative to site-packages or the repository."""
+    path = frame[frame.rfind("(") + 1:]
+    for root in ("site-packages/", "/ucm/"):
+        if root in path:
+            path = path[path.index(root) + len(root):] if root == "site-packages/" else "ucm/" + path.split("/ucm/", 1)[1]
+    return path
 
 
 def classify(frames: list[str]) -> str:
-    """The part of the innermost frame that names one, scanning from the leaf up."""
+    """Idle when the thread waits (its leaf frame is a wait), else the part of the innermost frame
+    that names one, scanning from the leaf up."""
+    if not frames or any(w in frames[-1] for w in IDLE):
+        return "idle (waiting)"
     for frame in reversed(frames):
-        for part, needle in PARTS:
-            if needle in frame:
+        path = _path(frame)
+        for part, prefix in PARTS:
+            if path.startswith(prefix):
                 return part
-    leaf = frames[-1] if frames else ""
-    return "idle (waiting)" if any(w in leaf for w in IDLE) else "other"
+    return "other"
 
 
 def connector_function(frames: list[str]) -> str | None:
     """The outermost ucm frame of a sample (the connector entry point vLLM called), with its leaf."""
     for frame in frames:
-        if "/ucm/" in frame:
-            return frame.split(" (")[0] + " (" + frame.split("/ucm/")[-1]
+        if _path(frame).startswith("ucm/"):
+            return f"{frame.split(' (')[0]} ({_path(frame)}"
     return None
+
+
+# vLLM's processes by how many spawned processes deep they are under the server (py-spy shows the
+# command line they started with, before vLLM renames them): the EngineCore, then its Worker.
+PROCESSES = (("engine core (scheduler)", 1), ("worker (model, connector's worker side)", 2))
+SPAWNED = "multiprocessing.spawn"
+
+
+def summarize(raw: Path) -> dict:
+    """Per vLLM process (engine core, worker): samples by part, and the connector's entry points."""
+    out = {}
+    for label, depth in PROCESSES:
+        parts: collections.Counter[str] = collections.Counter()
+        functions: collections.Counter[str] = collections.Counter()
+        for line in raw.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = stack.split(";")
+            # With --subprocesses each sample starts with its process and its ancestors: "process PID:"cmdline"".
+            chain = [i for i, f in enumerate(frames) if f.startswith("process ")]
+            if not chain or sum(SPAWNED in frames[i] for i in chain) != depth or SPAWNED not in frames[chain[-1]]:
+                continue
+            frames = frames[chain[-1] + 1:]
+            part = classify(frames)
+            parts[part] += int(count)
+            fn = None if part.startswith("idle") else connector_function(frames)
+            if fn:
+                functions[fn] += int(count)
+        total = sum(parts.values())
+        out[label] = {"samples": total, "busy_samples": total - parts["idle (waiting)"],
+                      "parts": dict(parts.most_common()), "connector_entry_points": dict(functions.most_common(40))}
+    return out
 
 
 def main(argv=None) -> int:
@@ -73,49 +123,45 @@ def main(argv=None) -> int:
     own = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=int, default=25, help="samples per second and process (default: 25)")
+    p.add_argument("--samples", default=None, metavar="RAW",
+                   help="summarize this py-spy raw file of an earlier run instead of running one")
     p.add_argument("--out", default=None, help="JSON with the breakdown")
     args = p.parse_args(own)
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not os.path.exists(spy):
-        p.error("py-spy not found: pip install py-spy")
-    raw = Path(tempfile.mkdtemp(prefix="ucm-profile-")) / "samples.txt"
-    cmd = [spy, "record", "--subprocesses", "--idle", "--format", "raw", "--rate", str(args.rate), "-o", str(raw),
-           "--", sys.executable, str(HERE / "rag_traffic.py"), "--no-plot", *rest]
     started = time.time()
-    rc = subprocess.call(cmd)
+    rc = 0
+    if args.samples:
+        raw = Path(args.samples)
+    else:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not os.path.exists(spy):
+            p.error("py-spy not found: pip install py-spy")
+        raw = Path(tempfile.mkdtemp(prefix="ucm-profile-")) / "samples.txt"
+        cmd = [spy, "record", "--subprocesses", "--idle", "--format", "raw", "--rate", str(args.rate), "-o", str(raw),
+               "--", sys.executable, str(HERE / "rag_traffic.py"), "--no-plot", *rest]
+        rc = subprocess.call(cmd)
+        print(f"samples: {raw}")
     if not raw.exists():
         print(f"py-spy wrote no samples (rc {rc})", file=sys.stderr)
         return 1
-    parts: collections.Counter[str] = collections.Counter()
-    functions: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit() or "EngineCore" not in stack.split(";")[0]:
-            continue
-        frames = stack.split(";")[1:]
-        n = int(count)
-        total += n
-        parts[classify(frames)] += n
-        fn = connector_function(frames)
-        if fn:
-            functions[fn] += n
-    if not total:
-        print("no engine core samples found (is the server's engine process named EngineCore?)", file=sys.stderr)
+    processes = summarize(raw)
+    if not any(p["samples"] for p in processes.values()):
+        print("no samples of vLLM's engine core or worker processes found", file=sys.stderr)
         return 1
-    busy = total - parts["idle (waiting)"]
-    print(f"engine core: {total} samples at {args.rate} Hz, {busy} busy")
-    print(f"{'part':36s} {'share of samples':>16s} {'share of busy':>14s}")
-    for part, n in parts.most_common():
-        print(f"{part:36s} {100 * n / total:15.1f}% {'' if part.startswith('idle') else f'{100 * n / busy:13.1f}%'}")
-    print("heaviest connector entry points (share of busy samples):")
-    for fn, n in functions.most_common(15):
-        print(f"  {100 * n / busy:5.1f}%  {fn}")
+    for label, data in processes.items():
+        total, busy = data["samples"], data["busy_samples"]
+        print(f"\n{label}: {total} samples at {args.rate} Hz, {busy} busy")
+        for part, n in data["parts"].items():
+            share = "" if part.startswith("idle") else f"{100 * n / max(busy, 1):6.1f}% of busy"
+            print(f"  {part:40s} {100 * n / max(total, 1):6.1f}%  {share}")
+        print("  heaviest connector entry points (share of busy samples):")
+        for fn, n in list(data["connector_entry_points"].items())[:12]:
+            print(f"    {100 * n / max(busy, 1):5.1f}%  {fn}")
     if args.out:
+        from ucm.eval.summary import host_record
+
         Path(args.out).write_text(json.dumps({
-            "command": rest, "rate_hz": args.rate, "engine_core_samples": total, "busy_samples": busy,
-            "parts": dict(parts.most_common()), "connector_entry_points": dict(functions.most_common(40)),
-            "duration_s": round(time.time() - started, 1)}, indent=1))
+            "command": rest, "rate_hz": args.rate, "processes": processes, "host": host_record(),
+            "duration_s": None if args.samples else round(time.time() - started, 1)}, indent=1))
         print(f"wrote {args.out}")
     return 0 if rc == 0 else rc
 

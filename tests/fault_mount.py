@@ -20,6 +20,7 @@ Run as a script it is the mount's server: python fault_mount.py SOURCE MOUNTPOIN
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -96,6 +97,23 @@ class FaultMount:
                 self._proc.kill()
                 self._proc.wait()
         self.control.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def mounted_or_skip(source, mountpoint):
+    """A FaultMount for a test, which skips where FUSE is present but mounting is refused (a
+    container without the right to mount)."""
+    import pytest
+
+    mount = FaultMount(source, mountpoint)
+    try:
+        mount.__enter__()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    try:
+        yield mount
+    finally:
+        mount.__exit__()
 
 
 def _serve(source: str, mountpoint: str, control: str) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from blend_helpers import STORE_ALL, assert_same, forget_local_prefix_cache, prompts, run, wait_until_stable
-from fault_mount import FaultMount
+from fault_mount import FaultMount, mounted_or_skip
 
 from ucm.integration.vllm.connector.stats import ucm_counters
 
@@ -25,7 +25,7 @@ def test_a_mount_whose_reads_hang_costs_one_timeout_then_blending_resumes(engine
                                                                           tmp_path):
     from ucm.integration.vllm.llm import ucm_transfer_config
 
-    with FaultMount(tmp_path / "server", tmp_path / "mnt") as mount:
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
         store = {"load_timeout_s": LOAD_TIMEOUT_S, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 10.0,
                  "down_backoff_s": BACKOFF_S, "down_backoff_max_s": BACKOFF_MAX_S}
         llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(

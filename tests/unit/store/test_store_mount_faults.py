@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from _store_test_helpers import block_for, key_of
-from fault_mount import FaultMount
+from fault_mount import FaultMount, mounted_or_skip
 
 pytestmark = pytest.mark.skipif(FaultMount.available() is not None, reason=f"FUSE: {FaultMount.available()}")
 
 
 @pytest.fixture
 def mount(tmp_path):
-    with FaultMount(tmp_path / "server", tmp_path / "mnt") as m:
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as m:
         yield m
 
 

@@ -169,6 +169,15 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
                 raise fuse.FuseOSError(e.errno or errno.EIO) from None
         return call
 
+    def metadata_call(fn):
+        """An operation on one path that changes metadata: (path, *args) -> fn(real path, *args)."""
+        @oserror
+        def call(self, path, *args):
+            faults.apply("meta")
+            fn(real(path), *args)
+            return 0
+        return call
+
     class Passthrough(fuse.Operations):
         @oserror
         def getattr(self, path, fh=None):
@@ -247,35 +256,9 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
             os.rename(real(old), real(new))
             return 0
 
-        @oserror
-        def unlink(self, path):
-            faults.apply("meta")
-            os.unlink(real(path))
-            return 0
-
-        @oserror
-        def mkdir(self, path, mode):
-            faults.apply("meta")
-            os.mkdir(real(path), mode)
-            return 0
-
-        @oserror
-        def rmdir(self, path):
-            faults.apply("meta")
-            os.rmdir(real(path))
-            return 0
-
-        @oserror
-        def chmod(self, path, mode):
-            faults.apply("meta")
-            os.chmod(real(path), mode)
-            return 0
-
-        @oserror
-        def utimens(self, path, times=None):
-            faults.apply("meta")
-            os.utime(real(path), times)
-            return 0
+        unlink, rmdir = metadata_call(os.unlink), metadata_call(os.rmdir)
+        mkdir, chmod = metadata_call(os.mkdir), metadata_call(os.chmod)
+        utimens = metadata_call(os.utime)  # (path, None or (atime, mtime) in seconds)
 
     fuse.FUSE(Passthrough(), mountpoint, foreground=True, nothreads=False, allow_other=True)
 

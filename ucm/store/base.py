@@ -91,6 +91,7 @@ class Task:
     # A load given up on after the store's timeout: IO threads may still write its destinations,
     # so the caller must not reuse them for anything else.
     timed_out: bool = False
+    refused: bool = False  # answered without IO: the store counted as down (its native keys are misses)
     context: Any = None
 
 

@@ -309,9 +309,9 @@ class UcmNfsStore(KVStoreBase):
             return []
         return self._watch.metadata(lambda: self._engine.exists(paths), f"lookup of {len(paths)} blocks")
 
-
     def _refused(self, task: Task) -> Task:
         """A load or dump refused without IO while the store is down: misses (DRAM hits stay)."""
+        task.refused = True
         task.results = [i in task.served_from_dram for i in range(len(task.keys))]
         refused = len(task.native_indices)
         with self._lock:

@@ -234,14 +234,14 @@ class WorkerSide:
             destinations.append(whole[at:at + ld.num_tokens])
             at += ld.num_tokens
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
-        refused = self.store.stats().down_refusals
         task = self.store.load(keys, [_bytes_view(d) for d in destinations])
         waited = time.perf_counter()
         ok = self._agreement.loaded(len(keys), self.store.wait(task))
         if ok is None:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")
         self.stats.add("load_wait_seconds", time.perf_counter() - waited)
-        self.stats.add("store_down_blocks", self.store.stats().down_refusals - refused)
+        if task.refused:
+            self.stats.add("store_down_blocks", len(task.native_indices))
         if task.timed_out:  # IO threads may still write the load buffers: never reuse them
             self._buffers.pop("chunk_rows", None)
             self._buffers.pop("whole_blocks", None)

@@ -172,7 +172,7 @@ def test_worker_shift_matches_chunk_computed_at_offset(stored_chunk, reference):
     worker = WorkerSide(vllm_config, store=None, check_layer=1)
     delta = torch.full((kv.shape[0],), OFFSET, dtype=torch.long)
     staging = kv.clone()  # the fused in-place path: K rows of a [tokens, layers, 2, H, D] buffer
-    worker._shift_keys_(staging[:, :, 0], delta)
+    worker.rotation.shift_(staging[:, :, 0], delta)
     assert torch.equal(staging[:, :, 1], kv[:, :, 1])  # V untouched
     shifted = staging[:, :, 0]  # [tokens, layers, H, D]
     errors = {layer: rel_err(shifted[:, layer], reference[OFFSET][layer][0]) for layer in LAYERS}
@@ -183,13 +183,13 @@ def test_worker_shift_matches_chunk_computed_at_offset(stored_chunk, reference):
     # And back (the dump direction: K computed at OFFSET is stored at chunk-local positions);
     # two fp32 rotations: ~2e-7 measured on random keys.
     back = shifted.clone()
-    worker._shift_keys_(back, -delta)
+    worker.rotation.shift_(back, -delta)
     assert rel_err(back, kv[:, :, 0].contiguous()) < 1e-5
     # A bfloat16 cache: its keys rotated in float32 and rounded once, so within half a bfloat16 ulp
     # (2^-8 relative) of the exact rotation of the same bfloat16 keys; V untouched.
     staging16 = kv.to(torch.bfloat16)
     k16 = staging16[:, :, 0].float().reshape(kv.shape[0], -1, HEAD_SIZE)
-    exact = rotate_keys(k16, delta, worker._cos_sin, is_neox_style=True).view_as(shifted)
-    worker._shift_keys_(staging16[:, :, 0], delta)
+    exact = rotate_keys(k16, delta, worker.rotation.cos_sin, is_neox_style=True).view_as(shifted)
+    worker.rotation.shift_(staging16[:, :, 0], delta)
     assert torch.equal(staging16[:, :, 1], kv[:, :, 1].to(torch.bfloat16))
     assert ((staging16[:, :, 0].float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()

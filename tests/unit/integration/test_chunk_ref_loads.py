@@ -17,6 +17,7 @@ import torch
 from ucm.integration.vllm.kv_layout import layout_for
 from ucm.integration.vllm.connector.metadata import BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.connector.worker_side import WorkerSide
+from ucm.integration.vllm.connector.key_rotation import KeyRotation
 from ucm.sparse.blend.chunk_refs import make_ref, ref_pieces
 from ucm.sparse.blend.chunking import Span
 from ucm.store.factory import create_store
@@ -39,7 +40,7 @@ def worker(tmp_path) -> WorkerSide:
     w.layout = layout_for(w.caches[0], "CPU_ATTN", BS, H, D, isa="vec")
     w._token_shape, w._dtype, w._device = (LAYERS, 2, H, D), torch.float32, torch.device("cpu")
     w.token_bytes = LAYERS * 2 * H * D * 4
-    w.check_layer, w._cos_sin, w._is_neox, w._rotary_dim = 1, neox_cos_sin(512), True, D
+    w.check_layer, w.rotation = 1, KeyRotation(neox_cos_sin(512), True, D)
     return w
 
 

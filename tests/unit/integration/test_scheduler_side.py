@@ -53,10 +53,13 @@ def prompt(seed):
     return [int(t) for c in chunks for t in c] + [7, 8, 9]
 
 
-def store_chunks(side, tokens, isolation=None):
+def store_chunks(side, tokens, cache_salt=None, lora_request=None):
+    """Stores every chunk block of `tokens` as CHUNK KV of that tenant and adapter."""
+    isolation = isolation_of(SimpleNamespace(cache_salt=cache_salt, lora_request=lora_request))
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs),
                       isolation)
-    keys = [side.key(KeyKind.CHUNK, b.block_hash) for b in plan.blocks]
+    space = side.keys_for(lora_request)
+    keys = [space.key(KeyKind.CHUNK, b.block_hash) for b in plan.blocks]
     buffers = [np.zeros(64 * len(b.tokens), dtype=np.uint8) for b in plan.blocks]
     assert all(side.store.wait(side.store.dump(keys, buffers, [len(b.tokens) for b in plan.blocks])))
 
@@ -234,20 +237,120 @@ def test_a_store_lookup_past_its_timeout_computes_the_request_in_full_and_counts
 
 
 def test_chunk_kv_is_shared_within_a_tenant_and_adapter_only(tmp_path):
+    from tiny_adapter import write_adapter
     from vllm.lora.request import LoRARequest
 
     side = side_for(tmp_path)
     tokens = prompt(1)
-    adapter = LoRARequest("adapter", 1, "/adapters/a")
-    store_chunks(side, tokens, isolation_of(SimpleNamespace(cache_salt="tenant-a", lora_request=None)))
-    store_chunks(side, tokens, isolation_of(SimpleNamespace(cache_salt=None, lora_request=adapter)))
+    adapter = LoRARequest("adapter", 1, str(write_adapter(tmp_path / "adapters" / "a")))
+    copy = LoRARequest("adapter", 1, str(write_adapter(tmp_path / "adapters" / "b")))  # vLLM hashes the path
+    store_chunks(side, tokens, cache_salt="tenant-a")
+    store_chunks(side, tokens, lora_request=adapter)
     cases = [("tenant-a", None, True), ("tenant-b", None, False), (None, None, False), (None, adapter, True),
-             ("tenant-a", adapter, False), (None, LoRARequest("adapter", 1, "/adapters/b"), False)]
+             ("tenant-a", adapter, False), (None, copy, False)]
     for i, (salt, lora, shared) in enumerate(cases):
         req = request(side, f"r{i}", tokens, cache_salt=salt, lora_request=lora)
         assert side.get_num_new_matched_tokens(req, 0) == ((21 if shared else 0), False), (salt, lora)
         report = side.request_finished(req)["ucm"]
         assert report["chunk_hit_blocks"] == (report["chunk_blocks"] if shared else 0)
+
+
+def _computed_keys(side, req_id, tokens, **request_kw):
+    """Every store key a request with nothing to load hands out when its whole prompt is computed
+    (dumps, chunk references, sightings), and the block hashes those keys can name."""
+    req = request(side, req_id, tokens, **request_kw)
+    _reap_records(side)
+    refs = len(side.view.refs_waiting)
+    assert side.get_num_new_matched_tokens(req, 0)[0] == 0
+    meta, _ = step(side, [admit(side, req, 0)], {req_id: len(tokens)})
+    keys = ({d.key for r in meta.requests for d in r.dumps} | {r.key for r in side.view.refs_waiting[refs:]}
+            | {k for task, _, _ in side.view.record_writes for k in task.keys})
+    hashes = list(req.block_hashes) + [b.block_hash for b in side._states[req_id].plan.blocks]
+    side.request_finished(req)
+    return keys, hashes
+
+
+def _engine_keys(hashes):
+    """The keys of these block hashes in the engine's namespace (requests without an adapter)."""
+    from ucm.store.keys import store_key
+
+    return {store_key(b"test-namespace", kind, h) for kind in KeyKind for h in hashes}
+
+
+@pytest.mark.parametrize("admission", [STORE_ALL, "second_sighting"])
+def test_requests_without_an_adapter_keep_their_store_keys(tmp_path, admission):
+    side = side_for(tmp_path, admission=admission)
+    keys, hashes = _computed_keys(side, "a", prompt(1))
+    assert keys and keys <= _engine_keys(hashes)
+
+
+@pytest.mark.parametrize("admission", [STORE_ALL, "second_sighting"])
+def test_lora_store_keys_follow_the_adapters_files_not_its_name_and_path(tmp_path, admission):
+    """Issue 57: vLLM's block hashes name an adapter by name and path; retrained in place it keeps
+    both, and its requests must then find none of the old adapter's KV, references or sightings."""
+    from tiny_adapter import retrain_in_place, write_adapter
+    from vllm.lora.request import LoRARequest
+
+    side = side_for(tmp_path, admission=admission)
+    path = write_adapter(tmp_path / "adapter", seed=1)
+    lora = LoRARequest("adapter", 1, str(path))
+    old, hashes = _computed_keys(side, "old", prompt(1), lora_request=lora)
+    assert old and not old & _engine_keys(hashes)
+    retrain_in_place(path, seed=2)
+    new, new_hashes = _computed_keys(side, "new", prompt(1), lora_request=lora)
+    assert new_hashes == hashes and new and not new & old
+
+
+def test_an_adapter_retrained_in_place_does_not_load_the_old_adapters_kv(tmp_path):
+    import shutil
+
+    from tiny_adapter import retrain_in_place, write_adapter
+    from vllm.lora.request import LoRARequest
+
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    path = write_adapter(tmp_path / "adapter", seed=1)
+    lora = LoRARequest("adapter", 1, str(path))
+    store_chunks(side, tokens, lora_request=lora)
+    assert side.get_num_new_matched_tokens(request(side, "a", tokens, lora_request=lora), 0) == (21, False)
+    # The same files elsewhere: the same key space (vLLM's hashes still differ, they name the path).
+    copy = LoRARequest("renamed", 2, str(shutil.copytree(path, tmp_path / "copy")))
+    assert side.keys_for(copy) == side.keys_for(lora) != side.view.space
+    h = request(side, "x", tokens, lora_request=lora).block_hashes[0]
+    exact = [side.keys_for(lora).key(KeyKind.EXACT, h)]
+    assert all(side.store.wait(side.store.dump(exact, [np.zeros(64 * BS, dtype=np.uint8)], [BS])))
+    assert side.stored(h, lora) and not side.stored(h)  # a background chunk's check, under its adapter
+    retrain_in_place(path, seed=2)
+    assert side.get_num_new_matched_tokens(request(side, "b", tokens, lora_request=lora), 0) == (0, False)
+    assert not side.stored(h, lora)
+
+
+@pytest.mark.parametrize("broken", ["missing", "no_weights", "no_config"])
+def test_a_request_whose_adapter_cannot_be_read_is_left_to_vllm(tmp_path, broken):
+    """No digest, no store: the request neither loads nor stores anything, and says why."""
+    import shutil
+
+    from tiny_adapter import write_adapter
+    from vllm.lora.request import LoRARequest
+
+    side = side_for(tmp_path, admission=STORE_ALL)
+    tokens = prompt(1)
+    path = write_adapter(tmp_path / "adapter")
+    lora = LoRARequest("adapter", 1, str(path))
+    store_chunks(side, tokens, lora_request=lora)
+    if broken == "missing":
+        shutil.rmtree(path)
+    else:
+        (path / ("adapter_model.safetensors" if broken == "no_weights" else "adapter_config.json")).unlink()
+    req = request(side, "a", tokens, lora_request=lora)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
+    assert not any(r.dumps or r.blend or r.prefix_loads for r in meta.requests)
+    assert not side.view.refs_waiting and not side.view.record_writes
+    report = side.request_finished(req)["ucm"]
+    assert report["fallback"] == "adapter_unreadable" and not report["blended"]
+    assert side.stats.data["blend_fallbacks_adapter_unreadable"] == 1
+    assert side.stored(b"h" * 32, lora)  # nothing of it would be stored: nothing to compute in the background
 
 
 def test_multimodal_requests_do_not_reuse_chunk_kv(tmp_path):
@@ -725,11 +828,16 @@ def _computed_dumps(side, req_id, tokens, **request_kw):
     req = request(side, req_id, tokens, **request_kw)
     assert side.get_num_new_matched_tokens(req, 0)[0] == 0
     meta, _ = step(side, [admit(side, req, 0)], {req_id: len(tokens)})
+    _reap_records(side)
+    side.last_report = side.request_finished(req)["ucm"]
+    return [d.key for r in meta.requests for d in r.dumps]
+
+
+def _reap_records(side):
+    """Waits for the records (sightings, references) the scheduler handed to the store."""
     for task, _, _ in side.view.record_writes:
         side.store.wait(task)
     side.view.reap_record_writes()
-    side.last_report = side.request_finished(req)["ucm"]
-    return [d.key for r in meta.requests for d in r.dumps]
 
 
 def _exact_keys(side, req_id, tokens):

@@ -133,7 +133,7 @@ class BlendFirstScheduler(Scheduler):
         if not queue or self._background or any(not r.is_finished() for r in self.requests.values()):
             return
         while (chunk := queue.take()) is not None:
-            if side.stored(chunk.last_hash):
+            if side.stored(chunk.last_hash, chunk.lora_request):
                 side.stats.add("background_chunks_skipped")
                 continue
             self._background_sent += 1

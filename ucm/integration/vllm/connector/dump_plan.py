@@ -23,7 +23,7 @@ def new_dumps(state: RequestState, computed_end: int, hashes: list[bytes], view:
     """Blocks whose KV is complete once `computed_end` prompt tokens are computed and not yet
     stored; chunk blocks stored as references are queued on `view` (written once their exact
     blocks are confirmed). `hashes` are the request's exact-prefix hashes (unsalted)."""
-    bs = view.block_size
+    bs, keys = view.block_size, state.keys
     dumps: list[BlockDump] = []
     end = min(computed_end, state.exact_limit, state.prompt_len)
     for b in range(end // bs):
@@ -35,7 +35,7 @@ def new_dumps(state: RequestState, computed_end: int, hashes: list[bytes], view:
         if state.admission and not state.admission.admits(Span(b * bs, (b + 1) * bs)):
             view.stats.add("blocks_not_admitted")
             continue
-        dumps.append(BlockDump(view.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
+        dumps.append(BlockDump(keys.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
     plan = state.plan
     if plan is None:
         return dumps
@@ -59,9 +59,9 @@ def new_dumps(state: RequestState, computed_end: int, hashes: list[bytes], view:
         ref = make_ref(blk.tokens, hashes[:state.prompt_len // bs], bs) if as_ref else None
         if ref is not None:  # its KV is in the exact blocks dumped above: stored once, found through a reference
             view.refs_waiting.append(WaitingRef(
-                state.request.request_id, view.key(KeyKind.CHUNK_REF, blk.block_hash), encode_ref(ref),
-                frozenset(view.key(KeyKind.EXACT, h) for h in ref.sources), time.monotonic()))
+                state.request.request_id, keys.key(KeyKind.CHUNK_REF, blk.block_hash), encode_ref(ref),
+                frozenset(keys.key(KeyKind.EXACT, h) for h in ref.sources), time.monotonic()))
             continue
         kind = KeyKind.EXACT if exact else KeyKind.CHUNK
-        dumps.append(BlockDump(view.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
+        dumps.append(BlockDump(keys.key(kind, blk.block_hash), blk.tokens.start, len(blk.tokens), blk.chunk_start))
     return dumps

@@ -50,7 +50,7 @@ def _file_sample(path: str, size: int) -> bytes:
     return h.digest()
 
 
-def _canonical_config(path: str) -> bytes:
+def _canonical_config(path: str, ignored: tuple[str, ...]) -> bytes:
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -58,7 +58,7 @@ def _canonical_config(path: str) -> bytes:
     except ValueError:
         return raw  # not JSON: vLLM will refuse it anyway; its bytes are still an identity
     if isinstance(config, dict):
-        for key in _CONFIG_IGNORED:
+        for key in ignored:
             config.pop(key, None)
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
@@ -70,7 +70,7 @@ def _update_file(h: hashlib.blake2b, path: str) -> None:
     h.update(_file_sample(path, size))
 
 
-def _resolve_local(model: str, revision: str | None, download_dir: str | None) -> str | None:
+def resolve_local(model: str, revision: str | None, download_dir: str | None) -> str | None:
     """A local directory or file for `model`: itself, or the Hugging Face cache snapshot that vLLM
     downloaded a hub id into (never downloads anything)."""
     if os.path.exists(model):
@@ -93,7 +93,7 @@ def model_digest(model_path: str, revision: str | None = None, download_dir: str
     digest is that of the name and revision, and a warning says so once per name.
     """
     h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"ucm-model-id")
-    local = _resolve_local(str(model_path), revision, download_dir)
+    local = resolve_local(str(model_path), revision, download_dir)
     if local is None:
         if model_path not in _warned_names:
             _warned_names.add(model_path)
@@ -105,15 +105,21 @@ def model_digest(model_path: str, revision: str | None = None, download_dir: str
     if os.path.isfile(local):
         _update_file(h, local)
         return h.hexdigest()
+    hash_directory(h, local, "config.json", _CONFIG_IGNORED)
+    return h.hexdigest()
+
+
+def hash_directory(h: hashlib.blake2b, local: str, config_name: str, ignored: tuple[str, ...]) -> None:
+    """Adds a directory's config file (canonicalised, without the `ignored` keys; skipped when
+    absent) and its weight files, sorted by name, to `h` (the model's and a LoRA adapter's alike)."""
     names = sorted(os.listdir(local))
-    if "config.json" in names:
-        config = _canonical_config(os.path.join(local, "config.json"))
+    if config_name in names:
+        config = _canonical_config(os.path.join(local, config_name), ignored)
         h.update(b"config\0" + len(config).to_bytes(8, "little") + config)
     for name in names:
         path = os.path.join(local, name)
         if name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(path):
             _update_file(h, path)
-    return h.hexdigest()
 
 
 def runtime_identity(model_config) -> list[str]:

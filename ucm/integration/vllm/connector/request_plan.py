@@ -11,7 +11,7 @@ from ucm.integration.vllm.connector.metadata import BlockLoad
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.request_state import RequestState
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
-from ucm.integration.vllm.connector.store_view import StoreView
+from ucm.integration.vllm.connector.store_view import KeySpace, StoreView
 from ucm.sparse.blend.chunk_refs import ref_pieces
 from ucm.sparse.blend.chunking import ChunkLayout, split_by_lengths, split_by_separator
 from ucm.sparse.blend.plan import ChunkBlock, blend_region_end, bounded_region_end, region_hit_share, region_work
@@ -75,17 +75,17 @@ def choose_region(state: RequestState, params: dict, policy: RequestParamPolicy,
         state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
 
 
-def chunk_loads(loaded: list[ChunkBlock], view: StoreView) -> list[BlockLoad]:
+def chunk_loads(loaded: list[ChunkBlock], keys: KeySpace, view: StoreView) -> list[BlockLoad]:
     """The loads of a blended request's chunk blocks: each stored block whole, or through its
     reference, the rows it names from the exact blocks that hold them (K moved by the offset)."""
     loads = []
     for blk in loaded:
         if blk.ref is None:
-            loads.append(BlockLoad(view.key(blk.kind, blk.block_hash), blk.tokens.start, len(blk.tokens),
+            loads.append(BlockLoad(keys.key(blk.kind, blk.block_hash), blk.tokens.start, len(blk.tokens),
                                    blk.chunk_start, blk.skip))
             continue
         view.stats.add("chunk_ref_hit_blocks")
         for piece in ref_pieces(blk.ref, blk.placed, blk.tokens.start):
-            loads.append(BlockLoad(view.key(KeyKind.EXACT, piece.source), piece.start, len(piece.rows),
+            loads.append(BlockLoad(keys.key(KeyKind.EXACT, piece.source), piece.start, len(piece.rows),
                                    piece.rope_delta, rows_from=piece.rows.start, stored_tokens=view.block_size))
     return loads

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ucm.integration.vllm.connector.request_params import REPORT_KEY
+from ucm.integration.vllm.connector.store_view import KeySpace
 from ucm.sparse.blend.admission import Admission
 from ucm.sparse.blend.hashing import IsolationKeys
 from ucm.sparse.blend.plan import BlendPlan
@@ -29,6 +30,7 @@ class Phase(enum.Enum):
 @dataclass
 class RequestState:
     request: Request
+    keys: KeySpace | None  # its store keys' namespace (SchedulerSide.keys_for); None: nothing looked up or stored
     prompt_len: int
     plan: BlendPlan | None
     exact_stored: list[bool]  # per full prompt block: exact KV already in the store

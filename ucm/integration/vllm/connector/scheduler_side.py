@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ucm.config import CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM, INDEX_PARAM
+from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
 from ucm.integration.vllm.connector.dump_plan import new_dumps
@@ -32,7 +34,7 @@ from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, choose_r
 from ucm.integration.vllm.connector.request_state import (Phase, RequestState, count_only_reused_as_cached,
                                                          isolation_of)
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
-from ucm.integration.vllm.connector.store_view import SIGHTINGS, StoreView
+from ucm.integration.vllm.connector.store_view import SIGHTINGS, KeySpace, StoreView
 from ucm.integration.vllm.faults import ErrorLog, inject
 from ucm.sparse.blend.admission import (SIGHTING_RECORD, Admission, RecentHits, admits_first_sighting, asks_nothing,
                                         prompt_segments)
@@ -41,6 +43,7 @@ from ucm.sparse.blend.plan import BlendPlan, build_plan
 from ucm.store.keys import KeyKind
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
@@ -85,6 +88,7 @@ class SchedulerSide:
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
+        self.adapters = AdapterDigests()  # LoRA adapters' content digests, for their requests' keys
         self._errors = ErrorLog(logger)
         self.params = RequestParamPolicy(self.blend)
         self._recent_hits = RecentHits()  # chunk lookups of the last requests (admission "adaptive")
@@ -106,11 +110,19 @@ class SchedulerSide:
             self._hasher = BlockHasher(self.hash_algo, self.block_size, kv_cache_utils.NONE_HASH)
         return self._hasher
 
-    def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
-        return self.view.key(kind, block_hash)
+    def keys_for(self, lora_request: LoRARequest | None) -> KeySpace | None:
+        """The key space of a request's store keys, the one place it is chosen. Without an adapter:
+        the engine's namespace. With one: also the adapter's content digest, since vLLM's block
+        hashes name it by name and path only (an adapter retrained in place keeps both). None when
+        the adapter cannot be read: its request is neither looked up nor stored."""
+        if not lora_request:
+            return self.view.space
+        digest = self.adapters.digest(lora_request.lora_path)
+        return None if digest is None else self.view.space.with_adapter(digest)
 
-    def lookup(self, kind: KeyKind, hashes) -> list[bool]:
-        return self.view.lookup(kind, hashes)
+    def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
+        """A block's store key for a request without an adapter."""
+        return self.view.space.key(kind, block_hash)
 
     def take_report(self, report: UCMWorkerReport) -> None:
         """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
@@ -210,6 +222,11 @@ class SchedulerSide:
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
         """Look the request up (exact prefix, then chunk blocks) and choose its Blend region; None
         when it should wait for dumps of blocks it needs that this engine is still writing."""
+        keys = self.keys_for(getattr(request, "lora_request", None))
+        if keys is None:
+            state = self._unplanned(request, None, num_computed_tokens)
+            state.fallback = "adapter_unreadable"  # counted at its first step
+            return state
         self.hashes.restore(request)
         self.view.begin()
         tokens = request.prompt_token_ids
@@ -217,7 +234,8 @@ class SchedulerSide:
         prompt_len = len(tokens)
         num_full = prompt_len // bs
         hashes = self.hashes.original(request)[:num_full]
-        exact_stored = self.lookup(KeyKind.EXACT, hashes)
+        lookup = partial(self.view.lookup, keys)
+        exact_stored = lookup(KeyKind.EXACT, hashes)
         first = num_computed_tokens // bs
         hits = 0
         params, refused = self.request_params(request)
@@ -236,25 +254,25 @@ class SchedulerSide:
         layout = None if wants_prompt_logprobs or self.blend is None else chunk_layout(request, params, self.blend,
                                                                                       self.stats)
         if layout is not None:
-            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, self.view.lookup, isolation_of(request),
-                              self.view.lookup_refs if self.blend.chunk_refs else None)
+            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, lookup, isolation_of(request),
+                              partial(self.view.lookup_refs, keys) if self.blend.chunk_refs else None)
         if self.view.awaited:  # blocks it needs are being written by this engine: wait for them a little
             since = self._waiting.setdefault(request.request_id, time.monotonic())
             if time.monotonic() - since < DUMP_WAIT_SECONDS:
                 self.stats.add("dump_waits")
                 return None
         self._waiting.pop(request.request_id, None)
-        state = RequestState(request, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
+        state = RequestState(request, keys, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
         if resumed is not None:
             state.preemptions, state.num_dumped = resumed
         state.refused = refused
         state.indexing = asks_nothing(layout) or params.get(INDEX_PARAM) is True
-        state.admission = self._admission(state.indexing, plan, hashes, exact_stored)
+        state.admission = self._admission(keys, state.indexing, plan, hashes, exact_stored)
         if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
             choose_region(state, params, self.params, self.blend.min_hit_share, self.step_cap)
         return state
 
-    def _admission(self, indexing: bool, plan: BlendPlan | None, hashes: list[bytes],
+    def _admission(self, keys: KeySpace, indexing: bool, plan: BlendPlan | None, hashes: list[bytes],
                    exact_stored: list[bool]) -> Admission | None:
         """Which of the request's segments were computed before (their KV is stored when computed
         now); None: everything is (first-sighting policy, an indexing request, nothing to store)."""
@@ -265,7 +283,7 @@ class SchedulerSide:
             return None
         segments = prompt_segments(plan.layout if plan else None, plan.chunk_last_hashes if plan else (), hashes,
                                    self.block_size)
-        return Admission(tuple(segments), tuple(self.view.seen([s.fingerprint for s in segments])))
+        return Admission(tuple(segments), tuple(self.view.seen(keys, [s.fingerprint for s in segments])))
 
     def _record_sightings(self, state: RequestState) -> None:
         """Records the segments the request computes for the first time (admission.py), and how
@@ -274,20 +292,25 @@ class SchedulerSide:
             self._recent_hits.add(len(state.plan.loaded), len(state.plan.blocks))
         fingerprints = state.admission.first_sightings() if state.admission else []
         if fingerprints:
-            self.view.write_records([self.key(KeyKind.SIGHTING, h) for h in fingerprints],
+            self.view.write_records([state.keys.key(KeyKind.SIGHTING, h) for h in fingerprints],
                                     [SIGHTING_RECORD] * len(fingerprints), SIGHTINGS)
 
     def _failed_plan(self, request: Request, num_computed_tokens: int, exc: BaseException) -> RequestState:
         """The plan of a request whose lookup raised: no external tokens, nothing stored."""
         self._errors.error("lookup", exc, "the request is computed by vLLM and nothing of it is stored")
         self.stats.add("lookup_errors")
+        state = self._unplanned(request, None, num_computed_tokens)
+        self._fall_back(state, "blend_error")
+        return state
+
+    def _unplanned(self, request: Request, keys: KeySpace | None, num_computed_tokens: int) -> RequestState:
+        """A request left to vLLM alone: no external tokens, nothing of it stored."""
         self.hashes.restore(request)
         self._waiting.pop(request.request_id, None)
         tokens = request.prompt_token_ids
-        state = RequestState(request, len(tokens), None, [False] * (len(tokens) // self.block_size), len(tokens),
-                              0, num_computed_tokens)
+        state = RequestState(request, keys, len(tokens), None, [False] * (len(tokens) // self.block_size),
+                             len(tokens), 0, num_computed_tokens)
         state.untrusted = True
-        self._fall_back(state, "blend_error")
         return state
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
@@ -368,9 +391,11 @@ class SchedulerSide:
             if queued is not None:
                 self.stats.add("background_chunks_queued" if queued else "background_chunks_dropped")
 
-    def stored(self, block_hash: bytes) -> bool:
-        """Whether the store holds this block as exact KV, or this engine's dump of it is on its way."""
-        return self.view.stored(block_hash)
+    def stored(self, block_hash: bytes, lora_request: LoRARequest | None = None) -> bool:
+        """Whether the store holds this block as exact KV, or this engine's dump of it is on its way;
+        True too when the adapter cannot be read (its requests store nothing: none to compute)."""
+        keys = self.keys_for(lora_request)
+        return keys is None or self.view.stored(keys, block_hash)
 
     def _new_request_step(self, state: RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         bs = self.block_size
@@ -391,13 +416,13 @@ class SchedulerSide:
                 self.stats.add("request_params_refused")
                 logger.warning("request %s: ignoring %s (not allowed by ucm_sparse_config.Blend.request_params / "
                                "allow_oracle)", state.request.request_id, ", ".join(state.refused))
-            if state.fallback in ("few_hits", "region_cut"):
+            if state.fallback in ("few_hits", "region_cut", "adapter_unreadable"):
                 self._fall_back(state, state.fallback)
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
         hashes = self.hashes.original(state.request)
         for b in range(local // bs, (local + state.prefix_external) // bs):
-            step.prefix_loads.append(BlockLoad(self.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
+            step.prefix_loads.append(BlockLoad(state.keys.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
         plan = state.plan
         if state.blending:
             start = local + state.prefix_external
@@ -418,7 +443,7 @@ class SchedulerSide:
                 if not state.preemptions:
                     self.stats.add("blended_requests")
                     self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
-                step.chunk_loads = chunk_loads(loaded, self.view)
+                step.chunk_loads = chunk_loads(loaded, state.keys, self.view)
         step.dumps = self._dumps(state, num_computed + num_scheduled)
         return step if (step.prefix_loads or step.blend or step.dumps) else None
 

@@ -41,6 +41,7 @@ COUNTERS: dict[str, str] = {
     "blend_fallbacks_load_failed": "Requests with a failed or timed-out load (failed chunk blocks computed in full, a failed prefix recomputed; nothing of theirs stored)",
     "blend_fallbacks_forward_missing": "Blend requests whose region the model forward did not run (not the Blend model class; nothing of the step stored)",
     "blend_fallbacks_blend_error": "Requests handed back to vLLM's own computation after an error in the cache path (lookup, load, rotation, selection or Blend forward; nothing of theirs stored)",
+    "blend_fallbacks_adapter_unreadable": "Requests whose LoRA adapter could not be read to identify it by content (its directory, adapter_config.json or weight files): computed by vLLM, nothing of theirs looked up or stored",
     "lookup_errors": "Requests whose store lookup or plan raised (computed by vLLM, nothing of theirs stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
     "lookup_seconds": "Seconds the scheduler spent in store lookups",

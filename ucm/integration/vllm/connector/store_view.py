@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunk_refs import REF_BYTES, ChunkRef, decode_ref
-from ucm.store.keys import KeyKind, store_key
+from ucm.store.keys import KeyKind, StoreKey, store_key
 
 if TYPE_CHECKING:
     from ucm.store.base import KVStoreBase, Task
@@ -24,6 +24,21 @@ if TYPE_CHECKING:
 PENDING_DUMP_SECONDS = 300.0
 SIGHTINGS = "sightings"  # counter prefix of sighting records (sightings_stored, sightings_failed)
 CHUNK_REFS = "chunk_refs"
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """Where a request's block hashes are named in the store: the engine's namespace (model, dtype,
+    KV geometry), to which a request served with a LoRA adapter adds the adapter's content digest
+    (adapter_identity.py). Every store key of a request (KV, references, sightings) comes from here."""
+
+    namespace: bytes
+
+    def key(self, kind: KeyKind, block_hash: bytes) -> StoreKey:
+        return store_key(self.namespace, kind, block_hash)
+
+    def with_adapter(self, digest: str) -> KeySpace:
+        return KeySpace(self.namespace + b"|lora:" + digest.encode())
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,7 @@ class StoreView:
     def __init__(self, store: KVStoreBase, namespace: bytes, block_size: int, num_shards: int,
                  stats: UCMConnectorStats):
         self.store = store
-        self.namespace = namespace
+        self.space = KeySpace(namespace)  # requests without an adapter
         self.block_size = block_size
         self.num_shards = num_shards  # tensor-parallel ranks: a block is stored only when every rank's shard is
         self.stats = stats
@@ -56,18 +71,15 @@ class StoreView:
         self._lookup_timeouts = 0  # the store's count when last read
         self._down_refusals = 0  # the same
 
-    def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
-        return store_key(self.namespace, kind, block_hash)
-
     def begin(self) -> None:
         """A request's lookups start: `awaited` says afterwards whether any of them waits for this engine's writes."""
         self.awaited = False
 
-    def lookup(self, kind: KeyKind, hashes) -> list[bool]:
+    def lookup(self, space: KeySpace, kind: KeyKind, hashes) -> list[bool]:
         """Which blocks the store holds, every tensor-parallel rank's shard of them."""
         if not hashes:
             return []
-        keys = [self.key(kind, h) for h in hashes]
+        keys = [space.key(kind, h) for h in hashes]
         start = time.perf_counter()
         found = self.store.lookup_shards(keys, self.num_shards)
         self.stats.add("lookup_seconds", time.perf_counter() - start)
@@ -82,10 +94,10 @@ class StoreView:
             self.awaited = True
         return found
 
-    def lookup_refs(self, blocks) -> list[ChunkRef | None]:
+    def lookup_refs(self, space: KeySpace, blocks) -> list[ChunkRef | None]:
         """The references stored for these (chunk block hash, tokens), each only when every exact
         block it names is stored (every shard): a reference is only as good as its exact blocks."""
-        keys = [self.key(KeyKind.CHUNK_REF, h) for h, _ in blocks]
+        keys = [space.key(KeyKind.CHUNK_REF, h) for h, _ in blocks]
         start = time.perf_counter()
         hits = self.store.lookup(keys)
         found = [i for i, hit in enumerate(hits) if hit]
@@ -104,24 +116,24 @@ class StoreView:
             if ref is not None:
                 refs[i] = ref
         sources = sorted({h for ref in refs.values() for h in ref.sources})
-        stored = dict(zip(sources, self.lookup(KeyKind.EXACT, sources)))
+        stored = dict(zip(sources, self.lookup(space, KeyKind.EXACT, sources)))
         return [refs[i] if i in refs and all(stored[h] for h in refs[i].sources) else None
                 for i in range(len(blocks))]
 
-    def seen(self, fingerprints) -> list[bool]:
+    def seen(self, space: KeySpace, fingerprints) -> list[bool]:
         """Which segments have a sighting in the store, or one this engine is writing. A sighting
         the store does not answer for in time counts as none (the KV is then not stored)."""
-        keys = [self.key(KeyKind.SIGHTING, f) for f in fingerprints]
+        keys = [space.key(KeyKind.SIGHTING, f) for f in fingerprints]
         start = time.perf_counter()
         found = self.store.lookup(keys)
         self.stats.add("lookup_seconds", time.perf_counter() - start)
         writing = {k for task, _, counter in self.record_writes if counter == SIGHTINGS for k in task.keys}
         return [hit or k in writing for hit, k in zip(found, keys)]
 
-    def stored(self, block_hash: bytes) -> bool:
+    def stored(self, space: KeySpace, block_hash: bytes) -> bool:
         """Whether the store holds this block as exact KV (every tensor-parallel rank's shard of
         it), or this engine's dump of it is on its way."""
-        return self.key(KeyKind.EXACT, block_hash) in self.pending or self.lookup(KeyKind.EXACT, [block_hash])[0]
+        return space.key(KeyKind.EXACT, block_hash) in self.pending or self.lookup(space, KeyKind.EXACT, [block_hash])[0]
 
     def submitted(self, keys) -> None:
         """Dumps handed to the workers this step: misses to lookups until confirmed."""

@@ -8,7 +8,6 @@ and the chunk blocks of a step load back to back into one staging tensor.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import time
@@ -20,10 +19,10 @@ from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, Regio
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
+from ucm.integration.vllm.connector.key_rotation import KeyRotation
 from ucm.integration.vllm.connector.rank_agreement import RankAgreement
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.faults import ErrorLog, inject
-from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys, signed_cos_sin_cache, signed_positions
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey, shard_key
 
@@ -100,25 +99,9 @@ class WorkerSide:
         self._errors = ErrorLog(logger)
         self._buffers: dict[str, torch.Tensor] = {}  # see _reused
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
-        self._cos_sin = self._is_neox = self._rotary_dim = None
-        if check_layer is not None:
-            self._cos_sin, self._is_neox, self._rotary_dim = self._build_rope(vllm_config)
+        self.rotation = KeyRotation.for_model(vllm_config) if check_layer is not None else None
 
     # ---- set-up --------------------------------------------------------------------------
-
-    @staticmethod
-    def _build_rope(vllm_config):
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.layers.rotary_embedding import get_rope
-
-        hf = vllm_config.model_config.hf_text_config
-        rope_parameters = getattr(hf, "rope_parameters", None)
-        check_rope_supports_delta(rope_parameters)
-        head_size = vllm_config.model_config.get_head_size()
-        with set_current_vllm_config(vllm_config):
-            rope = get_rope(head_size, max_position=vllm_config.model_config.max_model_len,
-                            rope_parameters=rope_parameters, is_neox_style=True, dtype=torch.float32)
-        return rope.cos_sin_cache.float(), rope.is_neox_style, rope.rotary_dim
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = sorted(kv_caches, key=layer_index)
@@ -282,7 +265,7 @@ class WorkerSide:
                 check_k = None
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats,
-                                         None if self._cos_sin is None else (self._cos_sin, self._is_neox),
+                                         None if self.rotation is None else (self.rotation.cos_sin, self.rotation.is_neox),
                                          self.max_blend_rows, self.narrowing)
         elapsed = time.perf_counter() - start
         self.stats.add("load_seconds", elapsed)
@@ -321,51 +304,11 @@ class WorkerSide:
         """
         assert self.layout is not None and self.check_layer is not None
         inject("rotate")
-        self._shift_keys_(kv[:, :, 0], delta)
+        self.rotation.shift_(kv[:, :, 0], delta)
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
         check_k = kv[:, self.check_layer, 0].to(self._device, copy=True) if keep_k else None
         return check_k, kv[:, self.check_layer, 1].to(self._device, copy=True)
-
-    def _shift_keys_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
-        """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.
-
-        vLLM's fused rotary kernel does it for all layers in one pass right in the staging
-        buffer: each (token, layer) is a row of H heads, rows a fixed stride apart. The kernel
-        reads rotations at non-negative positions only: a chunk that moved to an earlier position
-        (negative delta, half the chunks of a reordered prompt) reads the sin-negated half of
-        `signed_cos_sin_cache`. Half-precision keys are rotated in a float32 copy (float32
-        cos/sin, one rounding). Other cases (a partial rotary width) go through rotate_keys.
-        """
-        num_tokens, num_layers, heads, head_size = k.shape
-        fused = k.device.type == "cpu" and num_tokens > 0 and self._rotary_dim == head_size
-        if fused:
-            from vllm import _custom_ops as ops
-
-            rows_evenly_spaced = (k.stride(3) == 1 and k.stride(2) == head_size
-                                  and k.stride(0) == num_layers * k.stride(1))
-            work = k
-            if k.dtype != self._cos_sin.dtype or not rows_evenly_spaced:
-                work = self._rope_work(k.shape).copy_(k)
-            rows = work.as_strided((num_tokens * num_layers, heads * head_size), (work.stride(1), 1))
-            positions = signed_positions(delta, self._cos_sin.shape[0])
-            ops.rotary_embedding(positions.repeat_interleave(num_layers), rows, None, head_size,
-                                 self._signed_cos_sin, self._is_neox)
-            if work is not k:
-                k.copy_(work)
-            return
-        rotated = rotate_keys(k.reshape(num_tokens, num_layers * heads, head_size), delta, self._cos_sin,
-                              self._is_neox, self._rotary_dim)
-        k.copy_(rotated.view(num_tokens, num_layers, heads, head_size))
-
-    @functools.cached_property
-    def _signed_cos_sin(self) -> torch.Tensor:
-        """The cos/sin cache, then its rows with sin negated (rotations backwards)."""
-        return signed_cos_sin_cache(self._cos_sin)
-
-    def _rope_work(self, shape: torch.Size) -> torch.Tensor:
-        """A reused float32 buffer for rotating half-precision keys."""
-        return self._reused("rope", tuple(shape), self._cos_sin.dtype)
 
     def _distrust(self, req_id: str) -> None:
         """A load of this request failed: the rows computed over it must never reach the store."""
@@ -470,7 +413,7 @@ class WorkerSide:
         self.layout.gather_layers_into(self.caches, slots, out)
         if dump.rope_delta:
             delta = torch.full((dump.num_tokens,), -dump.rope_delta, dtype=torch.long)
-            self._shift_keys_(out[:, :, 0], delta)
+            self.rotation.shift_(out[:, :, 0], delta)
         return out
 
     def _reap_dumps(self, block: bool) -> None:

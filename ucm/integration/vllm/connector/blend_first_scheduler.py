@@ -26,6 +26,7 @@ BACKGROUND_STEP_TOKENS tokens; a user request's arrival stops it and queues the 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from itertools import islice
 
@@ -35,6 +36,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunk
+from ucm.integration.vllm.vllm_names import Need, missing, refusal, require
+
+logger = logging.getLogger(__name__)
 
 # Tokens every other prefill keeps in a step that admits a blend request. vLLM reads a threshold
 # of 0 as "no limit", so the smallest share is one token.
@@ -56,6 +60,7 @@ QUALNAME = f"{__name__}.BlendFirstScheduler"
 
 class BlendFirstScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
+        require({Need.BLEND_FIRST})  # vLLM's scheduler internals it relies on (vllm_names.py)
         super().__init__(*args, **kwargs)
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
@@ -196,4 +201,8 @@ def default_scheduler_cls(kv_transfer_config, scheduler_cls, async_scheduling: b
 
         if not current_platform.is_cpu():
             return None
+    lacking = missing({Need.BLEND_FIRST})
+    if lacking:  # vLLM's own scheduler then: Blend works, without admitting blend requests first
+        logger.warning("%s", refusal(lacking, {Need.BLEND_FIRST}))
+        return None
     return QUALNAME

@@ -28,6 +28,7 @@ from ucm.integration.vllm.connector.stats import UCMConnectorStats, UCMPromMetri
 from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.connector.worker_side import WorkerSide
 from ucm.integration.vllm.plugin import share_vllm_logging
+from ucm.integration.vllm.vllm_names import needs_for, require
 from ucm.sparse.blend.rope import check_rope_supports_delta
 from ucm.store.factory import create_store
 
@@ -114,6 +115,14 @@ def validate_blend_model(blend: BlendConfig, vllm_config: VllmConfig) -> None:
     check_rope_supports_delta(getattr(hf, "rope_parameters", None))
 
 
+def require_vllm_names(vllm_config: VllmConfig, worker: bool, blend: bool) -> None:
+    """Refuses at start-up what this vLLM lacks the names for (vllm_names.py): the connector, or
+    Blend alone (a prefix-only config is probed for the connector's own names only)."""
+    needs = needs_for(blend, worker, lora=getattr(vllm_config, "lora_config", None) is not None,
+                      tensor_parallel=vllm_config.parallel_config.tensor_parallel_size > 1)
+    require(needs, getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
+
+
 def _tokenizer_of(model_config):
     """The model's tokenizer as a text -> ids function (no special tokens): a text chunk
     separator is tokenized once, when the scheduler starts."""
@@ -136,6 +145,7 @@ class UCMConnector(KVConnectorBase_V1):
         blend = self.ucm_config.sparse
         if blend is not None:
             validate_blend_model(blend, vllm_config)
+        require_vllm_names(vllm_config, role == KVConnectorRole.WORKER, blend is not None)
         spec = self.ucm_config.stores[0]
         self.store = create_store(spec.name, spec.config)
         cache = vllm_config.cache_config

@@ -45,7 +45,7 @@ def blend_config(store: str, ratio: float, request_params: list[str], capacity_g
 
 
 def start_server(model: str, port: int, extra: list[str], log, ktc: dict | None,
-                 env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+                 env_extra: dict[str, str] | None = None, dtype: str = DTYPE) -> subprocess.Popen:
     """`ucm-vllm serve` in a session of its own (stop_server ends the group). ktc None: plain vLLM,
     no connector and vLLM's own model classes. env_extra: set in the server's environment (over ours)."""
     # vLLM reserves one core for its scheduler, and one more when a KV connector is configured; on
@@ -57,7 +57,7 @@ def start_server(model: str, port: int, extra: list[str], log, ktc: dict | None,
     if ktc is None:
         env["UCM_BLEND_NO_MODELS"] = "1"
     cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
-           str(port), "--dtype", DTYPE, "--enforce-eager", *kv, *extra]
+           str(port), "--dtype", dtype, "--enforce-eager", *kv, *extra]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 

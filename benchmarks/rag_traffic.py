@@ -88,6 +88,10 @@ def parse_args(argv=None):
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
                    help="model directory, env MODEL_PATH; None: the embedded one")
     p.add_argument("--num-requests", type=int, default=100, help="requests in the stream")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=DTYPE,
+                   help="both servers' --dtype (bfloat16 is the faster on CPUs with native bfloat16)")
+    p.add_argument("--ratio", type=float, default=RATIO,
+                   help=f"Blend's recompute ratio (default {RATIO}, that of every earlier run of this benchmark)")
     p.add_argument("--questions", type=int, default=50, help="questions the Zipf popularity is over")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent a: rank r drawn with weight 1 / r^a")
     p.add_argument("--noise", type=int, default=2, help="passages per request replaced by other questions' passages")
@@ -126,6 +130,8 @@ def parse_args(argv=None):
         p.error(f"unknown --servers {', '.join(sorted(unknown))}")
     if args.instances < 1:
         p.error("--instances must be at least 1")
+    if not 0 <= args.ratio <= 1:
+        p.error(f"--ratio must be in [0, 1], got {args.ratio}")
     return args
 
 
@@ -599,7 +605,8 @@ def main(argv=None) -> int:
     prompts, index = build_prompts(tokenizer, examples, pool, stream)
     levels = [("rate", r) for r in args.rates] if args.rates else [("concurrency", c) for c in args.concurrency]
     results = {"dataset": dataset, "config": {k: v for k, v in vars(args).items() if k != "model"},
-               "mean_prompt_tokens": sum(len(ids) for ids, _ in prompts) / len(prompts), "ratio": RATIO, "dtype": DTYPE,
+               "mean_prompt_tokens": sum(len(ids) for ids, _ in prompts) / len(prompts), "ratio": args.ratio,
+               "dtype": args.dtype, "model": Path(model).name,
                "unique_passages": len(index), "runs": [], "speedup": {}, "host": host_record()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -610,7 +617,7 @@ def main(argv=None) -> int:
     marker = chunk_end_token_id(tokenizer)  # the model's <|im_end|>: each chat message a chunk
     for server in args.servers:
         store = tempfile.mkdtemp(prefix="ucm-rag-traffic-") if server == "blend" else None
-        ktc = blend_config(store, RATIO, ["ucm_chunk_lengths"], args.capacity_gb,
+        ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], args.capacity_gb,
                            json.loads(args.blend_config), marker) if store else None
         ports: list[int] = []
         while len(ports) < args.instances:
@@ -623,7 +630,8 @@ def main(argv=None) -> int:
                 for i, port in enumerate(ports):  # one log per instance: .blend.log, or .blend.0.log, ...
                     log = stack.enter_context(open(out.with_suffix(
                         f".{server}.log" if args.instances == 1 else f".{server}.{i}.log"), "w"))
-                    procs.append(start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc, envs[i]))
+                    procs.append(start_server(model, port, SERVE_FLAGS + args.serve_args.split(), log, ktc, envs[i],
+                                              dtype=args.dtype))
                 for url, proc in zip(urls, procs):
                     wait_healthy(url, proc)
                 asyncio.run(serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store,

@@ -58,6 +58,17 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen05_musique12.json", "Qwen2.5-Coder-0.5B-Instruct on MuSiQue (the first 12 questions, ~6k tokens), bfloat16 on "
+     "an AVX-512-BF16 host: the query rule and HKVD at ratios 0.15 and 0.3 and full reuse, gold F1 and next-token KL "
+     "(another 1.5B run and unit tests shared the cores, so TTFTs are rough)",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --num-questions 12 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0,0.15,0.3 --selections query,hkvd --no-plot --out benchmarks/results/qwen05_musique12.json"),
+    ("qwen15_oracle_q15_18.json", "Qwen2.5-Coder-1.5B-Instruct, the generated questions 15-18 (three of the four the "
+     "default misses at 0.15 with check layer 1): the query rule against the oracle ranking (full prefill's attention x "
+     "V error over every layer) at 0.15, bfloat16",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --skip-questions 15 --num-questions 4 --sweep --ratios 0.15 --selections query,oracle --no-plot "
+     "--out benchmarks/results/qwen15_oracle_q15_18.json"),
     ("qwen05_gradual_generated8.json", "Gradual filtering (CacheBlend's several check layers) on Qwen2.5-Coder-0.5B-"
      "Instruct: check layer 1, a later check layer 4 at ratio 0.15, the same 8 generated questions as "
      "qwen05_ratios_generated8.json. Its 'blend 0.15' selects 0.15 at layer 1 and keeps it all at layer 4 (one check "
@@ -179,6 +190,19 @@ EVAL_RUNS += [
      "python benchmarks/blend_bench.py --generated --passages 6 --passage-words 250 --num-questions 50 --sweep "
      "--ratios 0.15,0.3 --selections query --plus-chunk-start 16 --kl-tokens 2 --no-plot "
      "--out benchmarks/results/blend_epic_query_generated50.json"),
+]
+
+
+# Runs of one set that differ only in the check layer: (title, command with {layer}, [result files]).
+CHECK_LAYER_STUDIES = [
+    ("The check layer on Qwen2.5-Coder-1.5B-Instruct: the 20 generated questions of every earlier 1.5B run (10 "
+     "passages x 80 words), bfloat16 on an AVX-512-BF16 host, the query rule at ratios 0.15 and 0.3, one run per "
+     "check layer (the layers before it are computed for every token; speed-up against the same run's full prefill; "
+     "other runs shared the cores, so TTFTs are rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --check-layer {layer} --no-plot "
+     "--out benchmarks/results/qwen15_layer{layer}_gen20.json",
+     ["qwen15_layer1_gen20.json", "qwen15_layer3_gen20.json"]),
 ]
 
 
@@ -474,6 +498,9 @@ HEADLINE_LARGER = ["qwen15_rules_generated8.json", "qwen05_long_generated4.json"
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_rules_generated8.json"),
+    ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
+    ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
+    ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
@@ -898,6 +925,23 @@ def profile_table(data: dict) -> list[str]:
     return lines
 
 
+def check_layer_table(runs: list[dict]) -> str:
+    """One row per Blend mode of runs that differ only in the check layer."""
+    lines = ["| check layer | mode | median TTFT | speed-up | same answer | F1 vs gold minus full's | next-token KL |",
+             "|---|---|---|---|---|---|---|"]
+    for data in runs:
+        layer = data["config"].get("check_layer")
+        for row in data["summary"]:
+            if row["mode"] == "full prefill":
+                continue
+            kl = row.get("kl_vs_full")
+            lines.append(f"| {layer} | {row['mode']} | {row['median_ttft_s']:.2f} s | {row.get('speedup') or 1.0:.2f}x | "
+                         f"{row['agree_pct']:.0f}%{_ci(row, 'agree_pct', '{:.0f}')} | "
+                         f"{row['f1_gold_delta']:+.3f}{_ci(row, 'f1_gold_delta', '{:+.3f}')} | "
+                         + (f"{kl:.4f}{_ci(row, 'kl_vs_full', '{:.4f}')} |" if kl is not None else "- |"))
+    return "\n".join(lines)
+
+
 def study_table(data: dict) -> str:
     """One row per variant of a reuse_study.py run."""
     lines = ["| variant | next-token KL | same answer | recomputed share |", "|---|---|---|---|"]
@@ -946,6 +990,10 @@ def sections() -> list[tuple[str, list[str]]]:
                            lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
                            if base.is_file() else ["(not run)"])
         out.append((f"{base_name} vs {new_name}", section[1]))
+    for title, command, names in CHECK_LAYER_STUDIES:
+        present = [json.loads((RESULTS / n).read_text()) for n in names if (RESULTS / n).is_file()]
+        body = [eval_context(present[0]).split(", started")[0] + ".", "", check_layer_table(present)] if present else ["(not run)"]
+        out.append((names[0], [f"## {title}", "", f"`{command}`, for each check layer", "", *body, ""]))
     for name, title, command in STUDY_RUNS:
         out.append(_section(title, f"`{command}`", name, lambda data: [
             f"{data['n']} generated questions, KL to full prefill teacher-forced over 2 answer tokens, 16-token "

@@ -290,6 +290,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("qwen05_zipf24_c2.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 24 requests at concurrency 2, "
+     "bfloat16 on an AVX-512-BF16 host, Blend at the README's ratio 0.3 (admission \"adaptive\"), plain vLLM then "
+     "Blend back to back, nothing else running",
+     "python benchmarks/rag_traffic.py --model qwen2.5-coder-0.5b --dtype bfloat16 --ratio 0.3 "
+     "--num-requests 24 --concurrency 2 --logprobs 20 --out benchmarks/results/qwen05_zipf24_c2.json", None),
     ("rag_traffic_fresh36_admission.json", "RAG stream with no reuse, 36 requests, with admission (the default "
      "\"adaptive\": a segment's KV stored on its second sighting once the engine's requests stop finding their "
      "chunks; its first 4 requests store everything), each server warmed up with one untimed request, on an AVX2 "
@@ -508,6 +513,7 @@ LATEST = [
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
+    ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf24_c2.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),

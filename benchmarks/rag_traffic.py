@@ -86,7 +86,7 @@ def _list(kind):  # "1,2" -> [1, 2]; argparse converts string defaults too
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
-                   help="model directory, env MODEL_PATH; None: the embedded one")
+                   help="model directory or a name of ucm.models (qwen2.5-coder-0.5b, ...), env MODEL_PATH; None: the embedded one")
     p.add_argument("--num-requests", type=int, default=100, help="requests in the stream")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=DTYPE,
                    help="both servers' --dtype (bfloat16 is the faster on CPUs with native bfloat16)")
@@ -592,9 +592,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
-    from ucm.models import prepare
+    from ucm.models import DEFAULT_MODEL, MODELS, prepare
 
-    model = args.model or str(prepare())
+    # a directory, or a name from ucm.models' catalog (prepared once, as blend_bench.py takes it)
+    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or DEFAULT_MODEL))
     tokenizer = AutoTokenizer.from_pretrained(model)
     # fresh: questions sharing a passage with an earlier one are skipped (MuSiQue's often do), so load spares
     needed = 3 * fresh_questions_needed(args.num_requests, args.noise, args.passages) if args.fresh else args.questions

@@ -58,6 +58,37 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_attention_alone_gen14.json", "Qwen2.5-Coder-1.5B-Instruct, the query rule ranking by the question's "
+     "attention alone (no deviation factor), the generated questions 0-13 of qwen15_layer1_gen20.json (the run of 20 "
+     "was ended by the kernel's OOM killer after 14), bfloat16",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --no-plot "
+     "--out benchmarks/results/qwen15_attention_alone_gen14.json"),
+    ("qwen15_attention_alone_q15_18.json", "The same rule on the generated questions 15-18 (those of the oracle run)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --skip-questions 15 --num-questions 4 --sweep --ratios 0.15 --selections query --no-plot "
+     "--out benchmarks/results/qwen15_attention_alone_q15_18.json"),
+    ("qwen05_attention_alone_gen8.json", "Qwen2.5-Coder-0.5B-Instruct, the query rule by attention alone and HKVD, "
+     "the 8 generated questions of qwen05_ratios_generated8.json, bfloat16",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --passages 10 --passage-words 120 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 8 --sweep --ratios 0.15,0.3 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen05_attention_alone_gen8.json"),
+    ("qwen05_before_attention_alone_gen8.json", "The same run before the change (attention x the deviation's norm), "
+     "back to back on the same host and dtype",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --passages 10 --passage-words 120 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 8 --sweep --ratios 0.15,0.3 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen05_before_attention_alone_gen8.json, at commit 1402235"),
+    ("qwen15_kv_shift_gen12.json", "Qwen2.5-Coder-1.5B-Instruct, kv_shift 0 against the default 0.5 (the "
+     "'+shift 0.5' modes), the query rule before attention alone, the generated questions 0-11 (the run of 20 was "
+     "ended by the kernel's OOM killer after 12), bfloat16",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --kv-shift 0 --plus-kv-shift 0.5 "
+     "--no-plot --out benchmarks/results/qwen15_kv_shift_gen12.json"),
+    ("qwen15_musique5.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue (the first 5 questions, ~5.9k tokens), "
+     "bfloat16: the query rule (before attention alone) and HKVD at 0.15 and 0.3, full reuse (another run shared "
+     "the cores, so TTFTs are rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 5 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0,0.15,0.3 --selections query,hkvd --no-plot --out benchmarks/results/qwen15_musique5.json"),
     ("qwen05_musique12.json", "Qwen2.5-Coder-0.5B-Instruct on MuSiQue (the first 12 questions, ~6k tokens), bfloat16 on "
      "an AVX-512-BF16 host: the query rule and HKVD at ratios 0.15 and 0.3 and full reuse, gold F1 and next-token KL "
      "(another 1.5B run and unit tests shared the cores, so TTFTs are rough)",
@@ -125,7 +156,12 @@ QUALITY_RUNS = [
      f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
      "--out benchmarks/results/query_fix_musique_longq4.json"),
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
-     "passages x 120 words, the query rule by attention alone (before: 0.2041 with attention per cost)",
+     "passages x 120 words, the query rule ranking by the question's attention alone, without the check layer's "
+     "deviation (before: 0.1873 with attention x the deviation's norm, quality_check_before_attention_alone.json; "
+     "0.2041 with attention per cost); run from a worktree with the change, before its commit",
+     "python benchmarks/quality_check.py --accept"),
+    ("quality_check_before_attention_alone.json", "The fixed quality check's accepted run before the query rule "
+     "ranked by attention alone: attention x the check layer's deviation norm",
      "python benchmarks/quality_check.py --accept"),
     ("query_head_generated16.json", "The same before the fix (commit 5f450e4)",
      f"{_Q} --generated --num-questions 16 --passage-words 120 --selections query,hkvd --kl-tokens 1 --no-plot "
@@ -506,6 +542,10 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5.json"),
+    ("The query rule by attention alone on Qwen2.5-Coder-1.5B-Instruct", "qwen15_attention_alone_gen14.json"),
+    ("The query rule by attention alone on Qwen2.5-Coder-0.5B-Instruct", "qwen05_attention_alone_gen8.json"),
+    ("kv_shift on Qwen2.5-Coder-1.5B-Instruct", "qwen15_kv_shift_gen12.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),

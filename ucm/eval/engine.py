@@ -49,7 +49,7 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                    help="Blend recompute ratio of the 'blend' mode")
     p.add_argument("--selections", type=_arg_type(parse_selections), default=list(selections),
                    help="how the Blend modes rank the tokens they recompute, comma-separated: 'query' (attention "
-                        "of the question x deviation, the default rule), 'hkvd' (V deviation alone, "
+                        "the question pays each token, the default rule), 'hkvd' (V deviation alone, "
                         "CacheBlend's rule), 'key_l1' / 'key_l2' (K deviation: UCM's / LMCache's rules), "
                         "'chunk_start' (EPIC: the first tokens of every chunk) and/or 'oracle' (a diagnostic "
                         "ranking from a full prefill run first, a reference for the others; its TTFT is not "

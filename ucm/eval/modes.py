@@ -34,7 +34,7 @@ FULL_PREFILL = Mode("full prefill", None)
 
 
 def blend_mode(ratio: float, selection: str = QUERY_SELECTION) -> Mode:
-    """"blend R" ranks by the question's attention x deviation (the default), "hkvd R" by deviation alone
+    """"blend R" ranks by the question's attention (the default), "hkvd R" by deviation alone
     (CacheBlend's rule), "oracle R" by a full prefill (diagnostic); ratio 0 ("full reuse") and 1 ("blend 1") rank
     nothing, so they are one mode."""
     check_ratio(ratio, "Blend ratio")

@@ -120,19 +120,18 @@ def test_query_weighted_score_ranks_candidates_only_and_falls_back_to_deviation_
     dev = torch.tensor([4.0, 0.0, 1.0, 3.0, 5.0])  # squared L2
     probed = torch.tensor([True, True, True, False, False])
     candidates = torch.tensor([True, True, False, False, False])
-    # candidates: mass * sqrt(deviation) (>= 0); other probed rows below every candidate; else deviation
-    assert query_weighted_score(mass, dev, probed, candidates).tolist() == [1.0, 0.0, -1.0, 3.0, 5.0]
+    # candidates: their attention; other probed rows below every candidate; else deviation
+    assert query_weighted_score(mass, dev, probed, candidates).tolist() == [0.5, 2.0, -1.0, 3.0, 5.0]
 
 
-def test_query_weighted_score_weighs_attention_and_error_norm_alike():
-    """Twice the attention outranks 1.5 times the error norm (2.25 times the squared deviation),
-    as in the oracle's attention x error norm; a product with the squared deviation ranked the
-    other way round."""
-    mass = torch.tensor([2.0, 1.0])
-    dev = torch.tensor([1.0, 2.25])
-    both = torch.ones(2, dtype=torch.bool)
-    score = query_weighted_score(mass, dev, both, both)
-    assert score[0] > score[1] and (mass * dev)[0] < (mass * dev)[1]
+def test_query_weighted_score_ranks_by_attention_whatever_the_deviation():
+    """A token the question reads more outranks one whose KV changed more at the check layer: the
+    deviation there does not weigh a probed request's ranking (a zero deviation included)."""
+    mass = torch.tensor([2.0, 1.0, 0.5])
+    dev = torch.tensor([0.0, 9.0, 100.0])
+    every = torch.ones(3, dtype=torch.bool)
+    score = query_weighted_score(mass, dev, every, every)
+    assert score.argsort(descending=True).tolist() == [0, 1, 2]
 
 
 def test_oracle_layer_score_is_attention_times_v_error_norm():

@@ -1,14 +1,17 @@
-"""Query-weighted token selection: which loaded tokens the question actually reads.
+"""Query-driven token selection: which loaded tokens the question actually reads.
 
 HKVD ranks loaded tokens by how much their KV changed at the check layer. On small models the
 deviation that matters is spread thinly over the deep layers and the check layer's ranking
 overlaps it only by chance, so ranking by deviation alone often spends the budget on tokens the
-answer never looks at. The probe fixes the "never looks at" part: the rows that follow the loaded
+answer never looks at. The probe asks the question instead: the rows that follow the loaded
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
 loaded token gets the attention probability those rows give it (summed over layers, heads and
-rows). The deviation is then measured only for the top candidates by that attention (it needs
-their state at the check layer, i.e. the layers before it run for them), and the selection ranks
-candidates by attention x the deviation's norm. Only the question's rows are computed twice.
+rows). The selection ranks the loaded tokens by that attention alone. The top candidates by
+attention still run the layers before the check layer (their fresh state there is where the
+recomputation starts, and the deviation measured there is what a request without question rows
+is ranked by); the deviation does not weigh the ranking: multiplying by it left the passage that
+holds the answer stale on Qwen2.5-1.5B where attention alone, and the oracle, did not
+(docs/research.md, "Attention alone"). Only the question's rows are computed twice.
 
 The attention is not divided by the token's position (its recompute cost): that tilts the budget
 towards early passages, and on Qwen2.5-1.5B it left the passage holding the answer stale when it
@@ -153,17 +156,16 @@ def probe_candidates(
 def query_weighted_score(
     mass: torch.Tensor, deviation: torch.Tensor, probed: torch.Tensor, candidates: torch.Tensor
 ) -> torch.Tensor:
-    """The selection score: ``mass * sqrt(deviation)`` for candidates (tokens the question reads
-    and whose KV is stale), -1 (below every candidate) for the other rows of
-    probed requests, ``deviation`` alone where the request was not probed (no question rows after
-    its chunks).
+    """The selection score: the question's attention ``mass`` for candidates (the tokens it reads
+    most), -1 (below every candidate) for the other rows of probed requests, ``deviation`` alone
+    where the request was not probed (no question rows after its chunks).
 
     ``deviation`` is a squared L2 distance (`token_deviation`, summable over tensor-parallel
-    shards); its root, the size of the error the token's stale V puts into the attention, weighs
-    it against the attention as the oracle ranking does (`oracle_layer_score`); the square gave
-    the deviation twice the weight and agreed less often with full prefill (docs/research.md).
+    shards). It does not weigh the attention: the check layer's deviation of a token says little of
+    the error its stale KV puts into the answer at the deep layers, and weighing by its root ranked
+    the answer's passage out where the attention alone kept it (module doc).
     """
-    weighted = torch.where(candidates, mass * deviation.clamp(min=0).sqrt(), torch.full_like(mass, -1.0))
+    weighted = torch.where(candidates, mass, torch.full_like(mass, -1.0))
     return torch.where(probed, weighted, deviation)
 
 

@@ -534,7 +534,7 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_admission.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_rules_generated8.json", "qwen05_long_generated4.json"]
+HEADLINE_LARGER = ["qwen15_attention_alone_gen14.json", "qwen05_long_generated4.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),

@@ -84,6 +84,11 @@ QUALITY_RUNS = [
      f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
      "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.15,0.3 --selections query --kv-shift 0 --plus-kv-shift 0.5 "
      "--no-plot --out benchmarks/results/qwen15_kv_shift_gen12.json"),
+    ("qwen15_musique5_attention_alone.json", "Qwen2.5-Coder-1.5B-Instruct on the same 5 MuSiQue questions, the "
+     "query rule by attention alone (the default since this run), bfloat16; full prefill's answers are the same as "
+     "in qwen15_musique5.json",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 5 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15,0.3 --selections query --no-plot --out benchmarks/results/qwen15_musique5_attention_alone.json"),
     ("qwen15_musique5.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue (the first 5 questions, ~5.9k tokens), "
      "bfloat16: the query rule (before attention alone) and HKVD at 0.15 and 0.3, full reuse (another run shared "
      "the cores, so TTFTs are rough)",
@@ -542,7 +547,8 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5_attention_alone.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue, before attention alone", "qwen15_musique5.json"),
     ("The query rule by attention alone on Qwen2.5-Coder-1.5B-Instruct", "qwen15_attention_alone_gen14.json"),
     ("The query rule by attention alone on Qwen2.5-Coder-0.5B-Instruct", "qwen05_attention_alone_gen8.json"),
     ("kv_shift on Qwen2.5-Coder-1.5B-Instruct", "qwen15_kv_shift_gen12.json"),

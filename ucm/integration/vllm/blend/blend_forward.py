@@ -5,9 +5,9 @@ loaded tokens is then taken from the check layer's norm and projection and compa
 loaded V (the deviation), and the tokens that deviate most are selected. With "query" (default),
 those layers first run only on the rows without loaded KV: the rows after the request's chunks
 (its question) then run the check layer and the later layers over the loaded KV, each loaded token
-gets the attention those rows pay it, and the deviation is measured only for the
-top candidates by that attention, which then run the layers before the check layer too
-(query_probe.py); misses before the question keep the KV the probe wrote, the question runs again.
+gets the attention those rows pay it, the top candidates by that attention run the layers before
+the check layer too, and the tokens the question reads most are selected (query_probe.py); misses
+before the question keep the KV the probe wrote, the question runs again.
 The diagnostic "oracle" first runs the batch as full prefill and ranks by the question's
 attention there times each token's V error, then restores the loaded KV. Full reuse
 (ratio 0) runs those layers on the uncached rows only. The selected tokens, every token whose KV

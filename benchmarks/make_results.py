@@ -163,7 +163,7 @@ QUALITY_RUNS = [
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
      "passages x 120 words, the query rule ranking by the question's attention alone, without the check layer's "
      "deviation (before: 0.1873 with attention x the deviation's norm, quality_check_before_attention_alone.json; "
-     "0.2041 with attention per cost); run from a worktree with the change, before its commit",
+     "0.2041 with attention per cost)",
      "python benchmarks/quality_check.py --accept"),
     ("quality_check_before_attention_alone.json", "The fixed quality check's accepted run before the query rule "
      "ranked by attention alone: attention x the check layer's deviation norm",

@@ -7,11 +7,11 @@ answer never looks at. The probe asks the question instead: the rows that follow
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
 loaded token gets the attention probability those rows give it (summed over layers, heads and
 rows). The selection ranks the loaded tokens by that attention alone. The top candidates by
-attention still run the layers before the check layer (their fresh state there is where the
-recomputation starts, and the deviation measured there is what a request without question rows
-is ranked by); the deviation does not weigh the ranking: multiplying by it left the passage that
-holds the answer stale on Qwen2.5-1.5B where attention alone, and the oracle, did not
-(docs/research.md, "Attention alone"). Only the question's rows are computed twice.
+attention (CANDIDATE_FACTOR x the ratio) run the layers before the check layer, where the
+recomputation of the selected ones starts. The check layer's deviation does not weigh the
+ranking: multiplying by it left the passage that holds the answer stale on Qwen2.5-1.5B where
+attention alone, and the oracle, did not (docs/research.md, "Attention alone"); a request without
+question rows is ranked by the deviation alone (HKVD). Only the question's rows are computed twice.
 
 The attention is not divided by the token's position (its recompute cost): that tilts the budget
 towards early passages, and on Qwen2.5-1.5B it left the passage holding the answer stale when it
@@ -32,9 +32,10 @@ __all__ = ["attention_mass", "oracle_layer_score", "probe_candidates", "probe_qu
 MAX_PROBE_QUERIES = 32
 
 
-# Candidates per selected token: the deviation is measured for the top `CANDIDATE_FACTOR * ratio` of
-# a probed request's loaded tokens by attention: 3 ranked as well as measuring every token in the
-# offline study, fewer lost quality (docs/research.md, "The probe's candidates").
+# Candidates per selected token: the top `CANDIDATE_FACTOR * ratio` of a probed request's loaded tokens
+# by attention run the layers before the check layer (fresh KV there for more than the selection).
+# 3 was chosen while the deviation weighed the ranking (docs/research.md, "The probe's candidates");
+# 1 selects the same tokens and, at check layer 1, gave the same KL and TTFT ("Attention alone").
 CANDIDATE_FACTOR = 3.0
 
 # Bound on the float32 score buffer of one query chunk (elements): 64 MiB.

@@ -85,7 +85,7 @@ def store_chunks(sched, tokens: list[int], kind: KeyKind = KeyKind.CHUNK) -> Non
     side = sched.connector.scheduler_side
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs),
                       None)
-    keys = [side.key(kind, b.block_hash) for b in plan.blocks]
+    keys = [side.view.space.key(kind, b.block_hash) for b in plan.blocks]
     assert all(side.store.wait(side.store.dump(keys, [np.zeros(64, np.uint8)] * len(keys), [len(b.tokens) for b in plan.blocks])))
 
 

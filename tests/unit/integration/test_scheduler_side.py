@@ -192,7 +192,7 @@ def test_preempted_blend_request_blends_again_under_new_hashes(tmp_path, runner)
         meta, out = step(side, [], {"a": 1, "a:computed": 21}, resumed={"a": list(again.block_ids[0])})
     (s,) = meta.requests
     assert s.blend == first.blend and s.chunk_loads == first.chunk_loads and out.has_sync_kv_loads
-    assert not any(d.key in {side.key(KeyKind.EXACT, h) for h in original} for d in s.dumps)
+    assert not any(d.key in {side.view.space.key(KeyKind.EXACT, h) for h in original} for d in s.dumps)
     report = side.request_finished(req)["ucm"]
     assert report["blended"] and report["fallback"] is None and report["preemptions"] == 1
     assert side.stats.data["blended_requests"] == 1 and side.stats.data["blend_preemptions"] == 1
@@ -445,12 +445,12 @@ def test_chunk_store_policy_decides_which_missed_chunks_are_stored(tmp_path, pol
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
     meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
     (s,) = meta.requests
-    chunk_keys = {side.key(KeyKind.CHUNK, b.block_hash) for b in side._states["a"].plan.blocks}
+    chunk_keys = {side.view.space.key(KeyKind.CHUNK, b.block_hash) for b in side._states["a"].plan.blocks}
     stored_as_chunk = [d for d in s.dumps if d.key in chunk_keys]
     exact = [d for d in s.dumps if d.key not in chunk_keys]
     assert [d.start for d in exact] == [0, 4, 8, 12, 16, 4]  # 5 prefix blocks + the first chunk's tail
     blocks = side._states["a"].plan.blocks
-    ref_keys = [side.key(KeyKind.CHUNK_REF, b.block_hash) for b in blocks if b.chunk_start > 0]
+    ref_keys = [side.view.space.key(KeyKind.CHUNK_REF, b.block_hash) for b in blocks if b.chunk_start > 0]
     assert side.store.lookup(ref_keys) == [False] * 4  # not before the exact blocks they name are stored
     _worker_stores(side, s.dumps)
     step(side, [], {})  # the next step writes the references
@@ -509,7 +509,7 @@ def _store_shards(side, tokens, shards):
     from ucm.store.keys import shard_key
 
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
-    keys = [shard_key(side.key(KeyKind.CHUNK, b.block_hash), r, side.view.num_shards) for b in plan.blocks for r in shards]
+    keys = [shard_key(side.view.space.key(KeyKind.CHUNK, b.block_hash), r, side.view.num_shards) for b in plan.blocks for r in shards]
     sizes = [len(b.tokens) for b in plan.blocks for _ in shards]
     assert all(side.store.wait(side.store.dump(keys, [np.zeros(64 * n, dtype=np.uint8) for n in sizes], sizes)))
     return plan
@@ -584,7 +584,7 @@ def test_requests_with_few_chunk_hits_are_left_to_vllm(tmp_path, min_hit_share, 
     (s,) = meta.requests
     assert (s.blend is not None) == blends and bool(s.chunk_loads) == blends
     if not blends:  # computed by vLLM: its blocks are exact and stored as such
-        assert {d.key for d in s.dumps} >= {side.key(KeyKind.EXACT, h) for h in req.block_hashes}
+        assert {d.key for d in s.dumps} >= {side.view.space.key(KeyKind.EXACT, h) for h in req.block_hashes}
     report = side.request_finished(req)["ucm"]
     assert report["fallback"] == (None if blends else "few_hits") and report["blended"] == blends
     assert side.stats.data.get("blend_fallbacks_few_hits", 0) == (0 if blends else 1)
@@ -636,7 +636,7 @@ def test_chunks_computed_in_full_are_found_through_references_to_their_exact_blo
     refs = [blk for blk in plan.blocks if blk.kind is KeyKind.CHUNK_REF]
     assert [(blk.tokens.start, blk.ref.position) for blk in refs] == [(6, 13), (10, 17), (12, 6), (16, 10)]
     (s,) = step(side, [admit(side, b, external)], {"b": 1})[0].requests
-    exact = {side.key(KeyKind.EXACT, h): i for i, h in enumerate(request(side, "x", a).block_hashes)}
+    exact = {side.view.space.key(KeyKind.EXACT, h): i for i, h in enumerate(request(side, "x", a).block_hashes)}
     # (exact block of a, its rows, new position, rotation) of every row loaded through a reference
     rows = [(exact[ld.key], ld.rows_from + r, ld.start + r, ld.rope_delta)
             for ld in s.chunk_loads if ld.key in exact and ld.stored_tokens == BS for r in range(ld.num_tokens)]
@@ -664,7 +664,7 @@ def _stored_refs(side, tokens, store_dir):
     """{prompt position: reference stored} of the later chunks' blocks of `tokens`."""
     side.store.close()  # waits for the writes
     plan = build_plan(split_by_marker(tokens, MARKER), tokens, side.hasher, 0, lambda kind, hs: [False] * len(hs))
-    refs = {b.tokens.start: side.key(KeyKind.CHUNK_REF, b.block_hash) for b in plan.blocks if b.chunk_start > 0}
+    refs = {b.tokens.start: side.view.space.key(KeyKind.CHUNK_REF, b.block_hash) for b in plan.blocks if b.chunk_start > 0}
     store = create_store("UcmNfsStore", {"storage_backends": str(store_dir)})
     return dict(zip(refs, store.lookup(list(refs.values()))))
 
@@ -674,7 +674,7 @@ def test_no_reference_is_written_to_exact_blocks_that_were_not_stored(tmp_path):
     (17, 2) of a) are never written; those into stored blocks are."""
     side = side_for(tmp_path, admission=STORE_ALL)
     a = prompt(1)
-    _computed_in_full(side, "a", a, failed={side.key(KeyKind.EXACT, request(side, "x", a).block_hashes[4])})
+    _computed_in_full(side, "a", a, failed={side.view.space.key(KeyKind.EXACT, request(side, "x", a).block_hashes[4])})
     assert _stored_refs(side, a, tmp_path / "store") == {6: True, 10: True, 13: False, 17: False}
 
 
@@ -841,7 +841,7 @@ def _reap_records(side):
 
 
 def _exact_keys(side, req_id, tokens):
-    return {side.key(KeyKind.EXACT, h) for h in request(side, req_id, tokens).block_hashes}
+    return {side.view.space.key(KeyKind.EXACT, h) for h in request(side, req_id, tokens).block_hashes}
 
 
 def test_a_segment_is_stored_on_its_second_sighting_only(tmp_path):

@@ -8,11 +8,16 @@ with the model's rope parameters), built once per worker and shared with the Ble
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ucm.sparse.blend.rope import check_rope_supports_delta, rotate_keys, signed_cos_sin_cache, signed_positions
+
+
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 @dataclass
@@ -20,10 +25,13 @@ class KeyRotation:
     cos_sin: torch.Tensor  # float32 [max_position, rotary_dim]: cos then sin halves
     is_neox: bool
     rotary_dim: int
-    _work: torch.Tensor | None = field(default=None, repr=False)  # see _work_rows
+    # A float32 scratch of the given shape for half-precision keys: the worker hands in one of its
+    # reused buffers (WorkerSide._reused), since a fresh copy per load costs page faults.
+    work_rows: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = _fresh
 
     @classmethod
-    def for_model(cls, vllm_config) -> KeyRotation:
+    def for_model(cls, vllm_config, work_rows: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = _fresh
+                  ) -> KeyRotation:
         """The model's rotation tables in float32; a RoPE that deltas cannot move is refused
         (check_rope_supports_delta names it)."""
         from vllm.config import set_current_vllm_config
@@ -36,7 +44,7 @@ class KeyRotation:
         with set_current_vllm_config(vllm_config):
             rope = get_rope(head_size, max_position=vllm_config.model_config.max_model_len,
                             rope_parameters=rope_parameters, is_neox_style=True, dtype=torch.float32)
-        return cls(rope.cos_sin_cache.float(), rope.is_neox_style, rope.rotary_dim)
+        return cls(rope.cos_sin_cache.float(), rope.is_neox_style, rope.rotary_dim, work_rows)
 
     def shift_(self, k: torch.Tensor, delta: torch.Tensor) -> None:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.
@@ -56,7 +64,7 @@ class KeyRotation:
                                   and k.stride(0) == num_layers * k.stride(1))
             work = k
             if k.dtype != self.cos_sin.dtype or not rows_evenly_spaced:
-                work = self._work_rows(k.shape).copy_(k)
+                work = self.work_rows(tuple(k.shape), self.cos_sin.dtype).copy_(k)
             rows = work.as_strided((num_tokens * num_layers, heads * head_size), (work.stride(1), 1))
             positions = signed_positions(delta, self.cos_sin.shape[0])
             ops.rotary_embedding(positions.repeat_interleave(num_layers), rows, None, head_size,
@@ -72,11 +80,3 @@ class KeyRotation:
     def signed_cos_sin(self) -> torch.Tensor:
         """The cos/sin cache, then its rows with sin negated (rotations backwards)."""
         return signed_cos_sin_cache(self.cos_sin)
-
-    def _work_rows(self, shape: torch.Size) -> torch.Tensor:
-        """The first rows of a float32 buffer kept at the largest size asked for: a fresh copy per
-        load costs page faults that outweigh the rotation."""
-        buf = self._work
-        if buf is None or buf.shape[0] < shape[0] or buf.shape[1:] != shape[1:]:
-            buf = self._work = torch.empty(tuple(shape), dtype=self.cos_sin.dtype)
-        return buf[: shape[0]]

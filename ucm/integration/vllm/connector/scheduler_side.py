@@ -120,10 +120,6 @@ class SchedulerSide:
         digest = self.adapters.digest(lora_request.lora_path)
         return None if digest is None else self.view.space.with_adapter(digest)
 
-    def key(self, kind: KeyKind, block_hash: bytes) -> bytes:
-        """A block's store key for a request without an adapter."""
-        return self.view.space.key(kind, block_hash)
-
     def take_report(self, report: UCMWorkerReport) -> None:
         """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
         for req_id in report.load_failed:

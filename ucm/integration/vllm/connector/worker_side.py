@@ -99,7 +99,8 @@ class WorkerSide:
         self._errors = ErrorLog(logger)
         self._buffers: dict[str, torch.Tensor] = {}  # see _reused
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
-        self.rotation = KeyRotation.for_model(vllm_config) if check_layer is not None else None
+        self.rotation = None if check_layer is None else KeyRotation.for_model(
+            vllm_config, lambda shape, dtype: self._reused("rope", shape, dtype))
 
     # ---- set-up --------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ store therefore (1) runs metadata calls (stats, marker reads) on a thread of its
 deadline (`deadline.py`), (2) keeps loads and dumps that passed their deadline, and their pinned
 buffers, until their IO returns, and (3) counts the store as down after any deadline passes
 (`breaker.py`), so the next requests are answered at once instead of each waiting out its own
-timeout. The store proper (nfs_store.py) keeps the statistics and what a returned task means.
+timeout. The store proper keeps the statistics and what a returned task means (task_outcomes.py).
 """
 
 from __future__ import annotations

@@ -9,17 +9,15 @@ verifies the bytes on its own threads. Guarantees:
 
 from __future__ import annotations
 
-import errno as errno_mod
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ucm.cpus import other_cpus
 from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byte_view, validate_keys
-from ucm.store.block_format import CORRUPT_STATUSES, IoStatus, file_size, read_header
+from ucm.store.block_format import file_size, read_header
 from ucm.store.capacity import CapacityLimiter
 from ucm.store.config import NfsStoreConfig
 from ucm.store.dram_store import DramStore
@@ -27,6 +25,7 @@ from ucm.store.housekeeping import Housekeeper
 from ucm.store.layout import BlockLayout
 from ucm.store.mount_watch import MountWatch
 from ucm.store.roots import lost_root, open_root
+from ucm.store.task_outcomes import DumpContext, LoadContext, OnceLog, TaskOutcomes, pinned_bytes
 from ucm.store.usage_ledger import UsageLedger
 
 try:
@@ -37,11 +36,6 @@ except ImportError as e:  # pragma: no cover - depends on the build
     ) from e
 
 logger = logging.getLogger(__name__)
-
-# A block whose read failed with an IO error (not a checksum: those are removed) is a miss in
-# this process for this long, so it is not read, failed and recomputed on every request.
-QUARANTINE_S = 300.0
-
 
 class UcmNfsStore(KVStoreBase):
     def __init__(self, config: NfsStoreConfig | Mapping[str, Any]):
@@ -60,15 +54,13 @@ class UcmNfsStore(KVStoreBase):
         others = other_cpus()
         io_cpus = sorted(others | os.sched_getaffinity(0)) if others else []
         self._engine = _native.IoEngine(cfg.io_threads, cfg.io_direct, cfg.fsync, cfg.touch_interval_s, io_cpus)
-        self._stats = StoreStats()
-        self._lock = threading.Lock()
-        self._logged: set[tuple] = set()  # warnings given once (see _warn_once)
+        self._log = OnceLog()
+        self._outcomes = TaskOutcomes(self._limiter, self._dram, self._log)
         self._closed = False
         # Deadlines, timed-out tasks and the down state of a mount that may stop answering.
         self._watch = MountWatch(self._layout.backends[0], cfg.lookup_timeout_s, cfg.down_backoff_s,
                                  cfg.down_backoff_max_s, lambda t: self._engine.poll(t.native_id),
-                                 lambda t: self._engine.wait(t.native_id), self._late_outcome, self._warn_once)
-        self._quarantine: dict[bytes, float] = {}  # key -> monotonic time its quarantine ends
+                                 lambda t: self._engine.wait(t.native_id), self._late_outcome, self._log.warn)
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
         if self._limiter is not None:
@@ -82,24 +74,18 @@ class UcmNfsStore(KVStoreBase):
         found = [False] * len(keys)
         if self._dram is not None:
             found = [self._dram.contains(k) for k in keys]
-        if self._quarantine:
-            now = time.monotonic()
-            with self._lock:
-                self._quarantine = {k: t for k, t in self._quarantine.items() if t > now}
-                quarantined = set(self._quarantine)
-        else:
-            quarantined = set()
+        quarantined = self._outcomes.quarantined()
         todo = [i for i, f in enumerate(found) if not f and keys[i] not in quarantined]
         down = bool(todo) and self._watch.down()
         on_disk = None if down else self._exists([self._layout.block_path(keys[i]) for i in todo])
         for i, hit in zip(todo, on_disk or ()):
             found[i] = hit
-        with self._lock:
-            self._stats.count_lookup(found)
+        with self._outcomes.lock:
+            self._outcomes.stats.count_lookup(found)
             if down:
-                self._stats.down_refusals += len(todo)
+                self._outcomes.stats.down_refusals += len(todo)
             elif on_disk is None:
-                self._stats.lookup_timeouts += len(todo)
+                self._outcomes.stats.lookup_timeouts += len(todo)
         return found
 
     def load(self, keys: Sequence[bytes], destinations: Sequence[Buffer]) -> Task:
@@ -121,7 +107,7 @@ class UcmNfsStore(KVStoreBase):
         task.native_id = self._engine.submit_read(
             [keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices]
         )
-        task.context = _LoadContext(paths, views, time.perf_counter() - t0)
+        task.context = LoadContext(paths, views, time.perf_counter() - t0)
         return task
 
     def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
@@ -151,10 +137,10 @@ class UcmNfsStore(KVStoreBase):
         if present is None or not intact:
             task.results = [False] * len(keys)
             task.timed_out = present is None
-            with self._lock:
-                self._stats.dump_errors += len(keys)
+            with self._outcomes.lock:
+                self._outcomes.stats.dump_errors += len(keys)
                 if present is None:
-                    self._stats.lookup_timeouts += len(keys)
+                    self._outcomes.stats.lookup_timeouts += len(keys)
             return task
         task.native_indices = [i for i, p in enumerate(present) if not p]
         new = task.native_indices
@@ -166,21 +152,21 @@ class UcmNfsStore(KVStoreBase):
                 task.results = [bool(p) for p in present]  # stored already, or not at all
                 task.timed_out = True
                 self._watch.trip("usage ledger lock")
-                with self._lock:
-                    self._stats.dump_errors += len(new)
-                    self._stats.ledger_timeouts += len(new)
-                    self._stats.dump_blocks += len(keys) - len(new)
-                    self._stats.dump_skipped += len(keys) - len(new)
-                self._warn_once(("ledger timeout",), "store usage ledger not answered within lookup_timeout_s=%g s "
-                                "(hung mount?): dump of %d blocks refused, and every dump until it answers; "
-                                "further refusals are only counted in stats().ledger_timeouts",
-                                self.config.lookup_timeout_s, len(new))
+                with self._outcomes.lock:
+                    self._outcomes.stats.dump_errors += len(new)
+                    self._outcomes.stats.ledger_timeouts += len(new)
+                    self._outcomes.stats.dump_blocks += len(keys) - len(new)
+                    self._outcomes.stats.dump_skipped += len(keys) - len(new)
+                self._log.warn(("ledger timeout",), "store usage ledger not answered within lookup_timeout_s=%g s "
+                               "(hung mount?): dump of %d blocks refused, and every dump until it answers; "
+                               "further refusals are only counted in stats().ledger_timeouts",
+                               self.config.lookup_timeout_s, len(new))
                 return task
             new, over, sizes = new[:fit], new[fit:], sizes[:fit]
             task.native_indices = new
-            with self._lock:
-                self._stats.evictions += evicted
-                self._stats.dump_over_capacity += len(over)
+            with self._outcomes.lock:
+                self._outcomes.stats.evictions += evicted
+                self._outcomes.stats.dump_over_capacity += len(over)
         reserved = sum(sizes)
         try:
             task.native_id = self._engine.submit_write(
@@ -191,7 +177,7 @@ class UcmNfsStore(KVStoreBase):
             if self._limiter is not None:
                 self._limiter.release(reserved)
             raise
-        task.context = _DumpContext(paths, [len(v) for v in views], reserved, set(over))
+        task.context = DumpContext(paths, [len(v) for v in views], reserved, set(over))
         return task
 
     @property
@@ -210,9 +196,9 @@ class UcmNfsStore(KVStoreBase):
         statuses, errnos, tokens, seconds = done
         self._watch.answered()
         if task.kind == "load":
-            results = self._finish_load(task, statuses, errnos, tokens, seconds)
+            results = self._outcomes.finish_load(task, statuses, errnos, tokens, seconds)
         else:
-            results = self._finish_dump(task, statuses, errnos, seconds)
+            results = self._outcomes.finish_dump(task, statuses, errnos, seconds)
         self._log_direct_fallback()
         task.results = results
         return list(results)
@@ -221,8 +207,8 @@ class UcmNfsStore(KVStoreBase):
         return task.results is not None or self._engine.poll(task.native_id)
 
     def stats(self) -> StoreStats:
-        with self._lock:
-            stats = self._stats.copy()
+        with self._outcomes.lock:
+            stats = self._outcomes.stats.copy()
         stats.down_trips = self._watch.breaker.trips
         return stats
 
@@ -310,48 +296,24 @@ class UcmNfsStore(KVStoreBase):
         return self._watch.metadata(lambda: self._engine.exists(paths), f"lookup of {len(paths)} blocks")
 
     def _refused(self, task: Task) -> Task:
-        """A load or dump refused without IO while the store is down: misses (DRAM hits stay)."""
-        task.refused = True
-        task.results = [i in task.served_from_dram for i in range(len(task.keys))]
-        refused = len(task.native_indices)
-        with self._lock:
-            self._stats.down_refusals += refused
-            if task.kind == "load":
-                self._stats.load_errors += refused
-                self._stats.load_blocks += len(task.served_from_dram)
-                self._stats.dram_hits += len(task.served_from_dram)
-            else:
-                self._stats.dump_errors += refused
+        self._outcomes.refused(task)
         return task
 
     def _abandon(self, task: Task, timeout_s: float) -> list[bool]:
-        """A load past its deadline: a miss for the caller (only DRAM-served keys are True)."""
-        task.timed_out = True
-        task.results = [i in task.served_from_dram for i in range(len(task.keys))]
-        timed_out = len(task.native_indices)
-        self._watch.abandon(task, _pinned_bytes(task), f"load of {timed_out} blocks")
-        with self._lock:
-            self._stats.load_timeouts += timed_out
-            self._stats.load_errors += timed_out
-            self._stats.load_blocks += len(task.served_from_dram)
-            self._stats.dram_hits += len(task.served_from_dram)
-        self._warn_once(("load timeout",), "store load of %d blocks not done after %g s (hung or overloaded "
-                        "mount?); they count as misses and are recomputed; further timeouts are only counted in "
-                        "stats().load_timeouts", timed_out, timeout_s)
+        self._outcomes.load_timed_out(task)
+        self._watch.abandon(task, pinned_bytes(task), f"load of {len(task.native_indices)} blocks")
+        self._log.warn(("load timeout",), "store load of %d blocks not done after %g s (hung or overloaded "
+                       "mount?); they count as misses and are recomputed; further timeouts are only counted in "
+                       "stats().load_timeouts", len(task.native_indices), timeout_s)
         return list(task.results)
 
     def _abandon_dump(self, task: Task) -> list[bool]:
-        """A dump past `dump_timeout_s`: not stored as far as the caller knows (blocks that were
-        already stored count as stored); its IO is accounted when it returns."""
-        task.timed_out = True
-        task.results = _stored_without_io(task)
-        self._watch.abandon(task, _pinned_bytes(task), f"dump of {len(task.native_indices)} blocks")
-        with self._lock:
-            self._stats.dump_timeouts += len(task.native_indices)
-        self._warn_once(("dump timeout",), "store dump of %d blocks not done after dump_timeout_s=%g s (hung or "
-                        "overloaded mount?); not waiting for it (they may not be stored, and are recomputed if "
-                        "so); further timeouts are only counted in stats().dump_timeouts", len(task.native_indices),
-                        self.config.dump_timeout_s)
+        self._outcomes.dump_timed_out(task)
+        self._watch.abandon(task, pinned_bytes(task), f"dump of {len(task.native_indices)} blocks")
+        self._log.warn(("dump timeout",), "store dump of %d blocks not done after dump_timeout_s=%g s (hung or "
+                       "overloaded mount?); not waiting for it (they may not be stored, and are recomputed if "
+                       "so); further timeouts are only counted in stats().dump_timeouts", len(task.native_indices),
+                       self.config.dump_timeout_s)
         return list(task.results)
 
     def _late_outcome(self, task: Task, outcome) -> None:
@@ -359,114 +321,19 @@ class UcmNfsStore(KVStoreBase):
         the capacity it reserved); a load's buffers are simply released."""
         if task.kind == "dump":
             statuses, errnos, _, seconds = outcome
-            self._finish_dump(task, statuses, errnos, seconds)
-
-    def _finish_load(
-        self, task: Task, statuses: list[int], errnos: list[int], tokens: list[int], seconds: float
-    ) -> list[bool]:
-        ctx: _LoadContext = task.context
-        results = [False] * len(task.keys)
-        for i in task.served_from_dram:
-            results[i] = True
-        ok_bytes = sum(len(ctx.views[i]) for i in task.served_from_dram)
-        corrupt = 0
-        for j, (i, status, err) in enumerate(zip(task.native_indices, statuses, errnos)):
-            path = ctx.paths[j]
-            if status == IoStatus.OK:
-                results[i] = True
-                ok_bytes += len(ctx.views[i])
-                if self._limiter is not None:
-                    self._limiter.touch(path)
-                if self._dram is not None:
-                    self._dram.put(task.keys[i], ctx.views[i], tokens[j])
-            elif status in CORRUPT_STATUSES:
-                corrupt += 1
-                self._remove_corrupt(path, IoStatus(status))
-            elif status != IoStatus.NOT_FOUND:
-                self._log_once("load", status, err, path)
-                if status == IoStatus.IO_ERROR:
-                    with self._lock:
-                        self._quarantine[task.keys[i]] = time.monotonic() + QUARANTINE_S
-                        self._stats.quarantined += 1
-        ok = sum(results)
-        with self._lock:
-            s = self._stats
-            s.load_blocks += ok
-            s.dram_hits += len(task.served_from_dram)
-            s.load_bytes += ok_bytes
-            s.load_seconds += seconds + ctx.submit_seconds
-            s.load_errors += len(results) - ok
-            s.checksum_errors += corrupt
-        return results
-
-    def _finish_dump(self, task: Task, statuses: list[int], errnos: list[int], seconds: float) -> list[bool]:
-        ctx: _DumpContext = task.context
-        if self._limiter is not None:
-            kept = sum(file_size(ctx.sizes[i]) for i, st in zip(task.native_indices, statuses) if st == IoStatus.OK)
-            self._limiter.release(ctx.reserved, kept)
-        results = _stored_without_io(task)
-        written = written_bytes = 0
-        skipped = len(task.keys) - len(task.native_indices) - len(ctx.over)
-        for i, status, err in zip(task.native_indices, statuses, errnos):
-            path = ctx.paths[i]
-            if status in (IoStatus.OK, IoStatus.EXISTS):
-                results[i] = True
-                if status == IoStatus.OK:
-                    written += 1
-                    written_bytes += ctx.sizes[i]
-                else:
-                    skipped += 1
-                if self._limiter is not None:
-                    self._limiter.add(path, file_size(ctx.sizes[i]))
-            else:
-                self._log_once("dump", status, err, path)
-        with self._lock:
-            s = self._stats
-            s.dump_blocks += written + skipped
-            s.dump_skipped += skipped
-            s.dump_bytes += written_bytes
-            s.dump_seconds += seconds
-            s.dump_errors += len(results) - written - skipped
-        return results
-
-    def _remove_corrupt(self, path: str, status: IoStatus) -> None:
-        """A corrupt block would answer every lookup and fail every load; drop it to be recomputed."""
-        logger.warning("corrupt block %s (%s); removing it", path, status.name)
-        removed = 0
-        try:
-            size = os.lstat(path).st_size
-            os.unlink(path)
-            removed = size
-        except OSError:
-            pass
-        if self._limiter is not None:
-            self._limiter.forget(path, removed)
-
-    def _warn_once(self, tag: tuple, msg: str, *args, level: int = logging.WARNING) -> None:
-        """Logs `msg` the first time `tag` is seen: a full disk or a hung mount must not flood the log."""
-        if tag in self._logged:
-            return
-        self._logged.add(tag)
-        logger.log(level, msg, *args)
-
-    def _log_once(self, op: str, status: int, err: int, path: str) -> None:
-        """One warning per (operation, status, errno)."""
-        reason = os.strerror(err) if err else IoStatus(status).name
-        self._warn_once((op, int(status), int(err)),
-                        "%s failed for %s: %s (%s); further %s failures of this kind are only counted in stats()",
-                        op, path, reason, errno_mod.errorcode.get(err, IoStatus(status).name), op)
+            self._outcomes.finish_dump(task, statuses, errnos, seconds)
 
     def _log_direct_fallback(self) -> None:
         if self.config.io_direct and _native.direct_io_fallbacks() > 0:
-            self._warn_once(("O_DIRECT",), "O_DIRECT refused by the filesystem under %s; using buffered IO",
-                            self._layout.backends)
+            self._log.warn(("O_DIRECT",), "O_DIRECT refused by the filesystem under %s; using buffered IO",
+                           self._layout.backends)
 
     def _roots_intact(self) -> bool:
         lost = lost_root(self._roots)
         if lost is not None:
-            self._warn_once(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
-                            "re-created); refusing to write there: dumps fail and requests are recomputed",
-                            lost, level=logging.ERROR)
+            self._log.warn(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
+                           "re-created); refusing to write there: dumps fail and requests are recomputed",
+                           lost, level=logging.ERROR)
         return lost is None
 
     def _check_open(self) -> None:
@@ -475,39 +342,6 @@ class UcmNfsStore(KVStoreBase):
         if os.getpid() != self._pid:
             # A forked child inherits the engine without its threads: every wait would hang.
             raise RuntimeError("UcmNfsStore was created in another process; create one per process after fork")
-
-
-def _pinned_bytes(task: Task) -> int:
-    ctx = task.context
-    if isinstance(ctx, _LoadContext):
-        return sum(len(v) for v in ctx.views)
-    return sum(ctx.sizes) if isinstance(ctx, _DumpContext) else 0
-
-
-def _stored_without_io(task: Task) -> list[bool]:
-    """Per key of a dump before its IO answers: True where it was stored already (not submitted),
-    False where it was over the capacity or is being written."""
-    submitted = set(task.native_indices)
-    return [i not in submitted and i not in task.context.over for i in range(len(task.keys))]
-
-
-class _LoadContext:
-    __slots__ = ("paths", "views", "submit_seconds")
-
-    def __init__(self, paths: list[str], views: list[memoryview], submit_seconds: float):
-        self.paths = paths
-        self.views = views
-        self.submit_seconds = submit_seconds
-
-
-class _DumpContext:
-    __slots__ = ("paths", "sizes", "reserved", "over")
-
-    def __init__(self, paths: list[str], sizes: list[int], reserved: int, over: set[int]):
-        self.paths = paths
-        self.sizes = sizes
-        self.reserved = reserved
-        self.over = over  # positions not written: no room under the capacity
 
 
 def _view(buf: Buffer, i: int, what: str, writable: bool) -> memoryview:

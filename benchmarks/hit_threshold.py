@@ -29,6 +29,9 @@ DEFAULT_DATASET = REPO.parent / "shared" / "data" / "musique_dev.json"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default=os.environ.get("MODEL_PATH"),
+                   help="model directory or a name of python -m ucm.models list (env MODEL_PATH; default: the "
+                        "embedded SmolLM2-135M-Instruct)")
     p.add_argument("--num-questions", type=int, default=3)
     p.add_argument("--hits", default="0,1,2,3,5,10", help="passages cached per measurement (comma-separated)")
     p.add_argument("--ratio", type=float, default=0.15)
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
 
     from ucm.eval.datasets import generate_synthetic, load_dataset
     from ucm.integration.vllm.llm import make_llm, shutdown, ucm_transfer_config
-    from ucm.models import default_model_dir
+    from ucm.models import model_path
 
     args = parse_args(argv)
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # the engine computes on every core
@@ -53,7 +56,7 @@ def main(argv=None) -> int:
     store = tempfile.mkdtemp(prefix="ucm-hit-threshold-")
     ktc = ucm_transfer_config(store, blend_ratio=args.ratio)
     ktc.kv_connector_extra_config["ucm_sparse_config"]["Blend"]["min_hit_share"] = 0.0
-    llm = make_llm(str(default_model_dir()), kv_transfer_config=ktc, dtype=args.dtype)
+    llm = make_llm(model_path(args.model), kv_transfer_config=ktc, dtype=args.dtype)
     tok = llm.get_tokenizer()
     marker = chunk_end_token_id(tok)
 

@@ -592,10 +592,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
-    from ucm.models import DEFAULT_MODEL, MODELS, prepare
+    from ucm.models import model_path
 
     # a directory, or a name from ucm.models' catalog (prepared once, as blend_bench.py takes it)
-    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or DEFAULT_MODEL))
+    model = model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     # fresh: questions sharing a passage with an earlier one are skipped (MuSiQue's often do), so load spares
     needed = 3 * fresh_questions_needed(args.num_requests, args.noise, args.passages) if args.fresh else args.questions

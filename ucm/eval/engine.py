@@ -112,7 +112,7 @@ def examples_and_model(args) -> tuple[list, str]:
     """
     from ucm.eval.datasets import DatasetError, load_dataset
 
-    from ucm.models import DEFAULT_MODEL, MODELS, prepare
+    from ucm.models import model_path
 
     longer = getattr(args, "min_question_tokens", 0)
     try:
@@ -122,7 +122,7 @@ def examples_and_model(args) -> tuple[list, str]:
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    model = args.model if args.model and args.model not in MODELS else str(prepare(model=args.model or DEFAULT_MODEL))
+    model = model_path(args.model)
     if longer:
         from transformers import AutoTokenizer
 

@@ -2,7 +2,7 @@
 
 from ucm.models.catalog import DEFAULT_MODEL, MODELS, model_spec
 from ucm.models.errors import ModelPreparationError
-from ucm.models.preparation import default_model_dir, find_gguf, prepare
+from ucm.models.preparation import default_model_dir, find_gguf, model_path, prepare
 
-__all__ = ["DEFAULT_MODEL", "MODELS", "ModelPreparationError", "default_model_dir", "find_gguf", "model_spec",
-           "prepare"]
+__all__ = ["DEFAULT_MODEL", "MODELS", "ModelPreparationError", "default_model_dir", "find_gguf", "model_path",
+           "model_spec", "prepare"]

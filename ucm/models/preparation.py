@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ucm.models.catalog import DEFAULT_MODEL, ModelSpec, PackagedGGUF, model_spec
+from ucm.models.catalog import DEFAULT_MODEL, MODELS, ModelSpec, PackagedGGUF, model_spec
 from ucm.models.errors import ModelPreparationError
 from ucm.models.split_gguf import fetch_split_gguf
 
@@ -109,6 +109,14 @@ def convert(gguf_path: Path, out_dir: Path, model_type: str = "llama") -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def model_path(name_or_dir: str | None) -> str:
+    """What a `--model` argument names: a catalogued model (prepared if needed), or a directory
+    as given; None is the embedded default."""
+    if name_or_dir and name_or_dir not in MODELS:
+        return name_or_dir
+    return str(prepare(model=name_or_dir or DEFAULT_MODEL))
 
 
 def prepare(out_dir: str | os.PathLike | None = None, force: bool = False, model: str = DEFAULT_MODEL) -> Path:

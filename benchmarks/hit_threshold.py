@@ -53,12 +53,15 @@ def main(argv=None) -> int:
     hits = [int(k) for k in args.hits.split(",")]
     examples = (load_dataset(DEFAULT_DATASET, limit=args.num_questions)
                 if DEFAULT_DATASET.is_file() and not args.generated else generate_synthetic(args.num_questions))
+    from transformers import AutoTokenizer
+
+    model = model_path(args.model)
+    marker = chunk_end_token_id(AutoTokenizer.from_pretrained(model))  # the model's own <|im_end|>
     store = tempfile.mkdtemp(prefix="ucm-hit-threshold-")
-    ktc = ucm_transfer_config(store, blend_ratio=args.ratio)
+    ktc = ucm_transfer_config(store, blend_ratio=args.ratio, chunk_end_token_id=marker)
     ktc.kv_connector_extra_config["ucm_sparse_config"]["Blend"]["min_hit_share"] = 0.0
-    llm = make_llm(model_path(args.model), kv_transfer_config=ktc, dtype=args.dtype)
+    llm = make_llm(model, kv_transfer_config=ktc, dtype=args.dtype)
     tok = llm.get_tokenizer()
-    marker = chunk_end_token_id(tok)
 
     def timed(token_ids, salt, **kv):
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": kv})

@@ -58,6 +58,11 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_rules_gen20.json", "Qwen2.5-Coder-1.5B-Instruct, every rule at 0.15 on the 20 generated questions of "
+     "qwen15_layer1_gen20.json, the query rule by attention alone (2026-11-28, a tenth session), bfloat16",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.15 --selections query,hkvd,key_l2,chunk_start --no-plot "
+     "--out benchmarks/results/qwen15_rules_gen20.json"),
     ("qwen15_attention_alone_gen14.json", "Qwen2.5-Coder-1.5B-Instruct, the query rule ranking by the question's "
      "attention alone (no deviation factor), the generated questions 0-13 of qwen15_layer1_gen20.json (the run of 20 "
      "was ended by the kernel's OOM killer after 14), bfloat16",
@@ -539,11 +544,11 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_admission.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_attention_alone_gen14.json", "qwen05_long_generated4.json"]
+HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen05_long_generated4.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct", "qwen15_rules_generated8.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),

@@ -1,7 +1,7 @@
 """A fault in the cache path fails towards computing, on the session's Blend engine.
 
 An error raised at any stage (the scheduler's lookup, the load, the RoPE shift of chunk keys,
-the selection, the Blend forward after some layers wrote the cache, the dump) is injected for
+the selection, the Blend forward after some layers wrote the cache, a layer's attention, the dump) is injected for
 real in the engine's own processes (UCM_FAULTS, ucm/integration/vllm/faults.py). The engine
 keeps serving; the request is answered as full prefill answers it, reports
 `fallback: "blend_error"`, is counted, and nothing of it is stored; the next request blends.
@@ -33,9 +33,9 @@ def with_faults(faults_file, stages: str, fn):
         faults_file.write_text("")
 
 
-@pytest.mark.parametrize("stage", ["lookup", "load", "rotate", "select", "forward"])
+@pytest.mark.parametrize("stage", ["lookup", "load", "rotate", "select", "forward", "attention"])
 def test_a_fault_hands_the_request_to_vllm_and_stores_nothing(blend_llm, plain_llm, store_dir, faults_file, stage):
-    seed = 700 + ["lookup", "load", "rotate", "select", "forward"].index(stage)
+    seed = 700 + ["lookup", "load", "rotate", "select", "forward", "attention"].index(stage)
     first, reordered = prompts(blend_llm, seed=seed)
     run(blend_llm, first)  # stores its exact blocks and chunks
     wait_until_stable(store_dir)

@@ -137,8 +137,11 @@ def run_phase(root: Path, name: str, spec: dict) -> Phase:
     log = root / f"engine-{name}.log"
     start = time.monotonic()
     with open(log, "w") as out:
+        env = phase_env(spec["tp"])
+        if spec.get("faults_file"):  # the stages each request names are injected in the engine's processes
+            env["UCM_FAULTS"] = spec["faults_file"]
         proc = subprocess.Popen([sys.executable, __file__, json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT,
-                                env=phase_env(spec["tp"]), start_new_session=True)
+                                env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=PHASE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -192,6 +195,10 @@ def engine_main(spec: dict) -> None:
     written: dict[str, list[Path]] = {}
     for req in spec["requests"]:
         corrupted = 0
+        if spec.get("faults_file"):
+            Path(spec["faults_file"]).write_text(req.get("faults", ""))
+        if req.get("faults") or req.get("fresh"):
+            llm.reset_prefix_cache()  # the prompt is blended, not found in vLLM's own cache
         if req.get("corrupt"):  # every other file the named request wrote: one rank's shard of some blocks
             llm.reset_prefix_cache()  # the prompt is then read from the store, not vLLM's own cache
             corrupted = corrupt_files([f for f in written[req["corrupt"]] if f.exists()][::2])
@@ -201,7 +208,8 @@ def engine_main(spec: dict) -> None:
         written[req["name"]] = sorted(block_files(spec.get("store")) - before)
         out["requests"][req["name"]] = {"tokens": r.tokens, "logprobs": r.logprobs, "report": r.report,
                                         "counters": ucm_counters(llm.get_metrics()),
-                                        "s": round(time.perf_counter() - t, 2), "corrupted_files": corrupted}
+                                        "s": round(time.perf_counter() - t, 2), "corrupted_files": corrupted,
+                                        "written_files": len(written[req["name"]])}
     shutdown(llm)
     print(RESULT + json.dumps(out), flush=True)
 
@@ -240,12 +248,18 @@ def engines(model_dir, tmp_path_factory):
         ]})
     # One rank's shard of some chunk and exact blocks corrupted (every other file a request wrote,
     # in name order: each a shard of one rank): the ranks must agree to recompute those blocks.
-    d = run_phase(root, "D-tp2-corrupt", {"model": model, "tp": 2, "store": str(root / "store-d"), "blend": True,
-                                          "requests": [
+    # Then an exception on rank 1 alone in the Blend forward (its selection, a layer's attention):
+    # both ranks must fall back together, not leave rank 0 waiting in a collective.
+    d = run_phase(root, "D-tp2-faults", {"model": model, "tp": 2, "store": str(root / "store-d"), "blend": True,
+                                         "faults_file": str(root / "faults-d"), "requests": [
         req("first", FIRST),
         {**req("reordered", REORDERED, ratio=1.0), "corrupt": "first"},
         req("P", PREFIX_PROMPT),
         {**req("P_again", PREFIX_PROMPT), "corrupt": "P"},  # its exact prefix blocks
+        req("f_first", FIRST, salt="faults"),
+        {**req("f_select", REORDERED, salt="faults", ratio=0.15), "faults": "select@1"},
+        {**req("f_attention", REORDERED, salt="faults", ratio=0.15), "faults": "attention@1"},
+        {**req("f_after", REORDERED, salt="faults", ratio=0.15), "fresh": True},
     ]}) if a.ok else None
     c = run_phase(root, "C-tp1-blend", {"model": model, "tp": 1, "store": store, "blend": True, "requests": [
         req("ref_P", PREFIX_PROMPT, salt="reference", disable=True),
@@ -339,6 +353,25 @@ def test_one_ranks_corrupt_shards_are_recomputed_by_both_ranks(engines):
     assert again["corrupted_files"] > 0 and again["report"]["external_prefix_tokens"] > 0, again["report"]
     assert again["counters"]["failed_blocks"] > reordered["counters"]["failed_blocks"], again["counters"]
     assert_same(again, c.request("ref_P"))
+
+
+def test_a_fault_on_one_rank_in_the_blend_forward_falls_back_on_both(engines):
+    """An exception on rank 1 alone in the selection or in a layer's attention: rank 0 does not
+    wait for it in a collective (the phase would time out); both ranks hand the request to vLLM,
+    whose answer is TP=1 full prefill's, nothing of it is stored, and the next request blends."""
+    d = engines["D"]
+    if d is None:
+        pytest.fail(engines["A"].error())
+    c = engines["C"]
+    for name in ("f_select", "f_attention"):
+        got = d.request(name)
+        assert got["report"]["fallback"] == "blend_error" and not got["report"]["blended"], (name, got["report"])
+        assert got["written_files"] == 0, (name, got["written_files"])
+        assert_same(got, c.request("ref_reordered"))
+    assert d.request("f_attention")["counters"].get("blend_fallbacks_blend_error", 0) >= 2
+    after = d.request("f_after")
+    assert after["report"]["blended"] and after["report"]["fallback"] is None, after["report"]
+    assert after["tokens"] == c.request("sparse")["tokens"]
 
 
 def test_tp1_engine_never_loads_tp2_blocks(engines):

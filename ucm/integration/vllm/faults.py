@@ -2,9 +2,10 @@
 is left to vLLM's own computation. Also a fault-injection switch that tests use to prove it.
 
 `UCM_FAULTS` names a file; each word in it (commas or white space between) names a stage whose
-calls then raise `InjectedFault`. A file rather than the variable's value, so a test switches
-the faults of a running engine's processes on and off. Unset (the default), `inject` costs one
-environment lookup.
+calls then raise `InjectedFault`, in every process, or with `@R` (`forward@1`) in the process of
+rank R only (a fault on one tensor-parallel rank). A file rather than the variable's value, so a
+test switches the faults of a running engine's processes on and off. Unset (the default),
+`inject` costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import os
 FAULTS_ENV = "UCM_FAULTS"
 # lookup: the scheduler's plan of a request; load: reading and placing a step's KV; rotate: the
 # RoPE shift of loaded chunk keys; select: the Blend forward's ranking; forward: the Blend
-# forward after the check layer's selection (the cache partly written); dump: storing a step's blocks.
-STAGES = ("lookup", "load", "rotate", "select", "forward", "dump")
+# forward after the check layer's selection (the cache partly written); attention: each layer's
+# attention in the Blend forward's passes over a subset of rows; dump: storing a step's blocks.
+STAGES = ("lookup", "load", "rotate", "select", "forward", "attention", "dump")
 
 
 class InjectedFault(RuntimeError):
@@ -33,8 +35,14 @@ def inject(stage: str) -> None:
             named = f.read().replace(",", " ").split()
     except OSError:
         return
-    if stage in named:
+    if stage in named or f"{stage}@{_rank()}" in named:
         raise InjectedFault(f"fault injected at stage {stage!r} ({FAULTS_ENV}={path})")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 class ErrorLog:

@@ -28,6 +28,7 @@ from ucm.integration.vllm.blend.lora_rows import LoraRows, within
 from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
                                                run_subset)
+from ucm.integration.vllm.blend.rank_faults import RankFaults
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
@@ -62,7 +63,8 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     then the check layer and the later layers on the rows that go on."""
     from vllm.forward_context import get_forward_context
 
-    batch = _with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds)
+    faults = RankFaults.of_tensor_parallel_group()
+    batch = _with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds, faults)
     roles = _row_roles(batch, step)
     early = model.layers[:step.check_layer]
     oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries) \
@@ -71,8 +73,10 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     score, candidates, mass, hidden, residual = _score_loaded_rows(model, step, batch, roles, hidden, residual,
                                                                    oracle)
     deferred = roles.deferred if candidates is None else roles.deferred & ~candidates
-    selected = _select(step, batch, roles, score)
-    compute = _rows_to_compute(step, batch, roles, selected)
+    compute = None
+    with faults.guarded("selection"):
+        compute = _rows_to_compute(step, batch, roles, _select(step, batch, roles, score))
+    faults.settle()  # the rows every later collective runs over: every rank must have chosen them
     # Selected rows are candidates, so this is only the last row of a prompt that ends inside a
     # loaded chunk reused in full.
     hidden, residual = run_layers(early, batch.rows, compute & deferred, hidden, residual)
@@ -143,8 +147,9 @@ def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, 
     num_reqs = batch.ratios.shape[0]
     deviation = torch.zeros(b.positions.shape[0], dtype=torch.float32, device=hidden.device)
     rule_of_row = batch.rules[b.segment]
-    _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, roles.loaded & ~roles.deferred,
-                   hidden, residual)
+    with b.faults.guarded("deviation"):
+        _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index,
+                       roles.loaded & ~roles.deferred, hidden, residual)
     tp = get_tensor_model_parallel_world_size() > 1
     candidates = mass = None
     if bool(roles.probed.any()):
@@ -154,7 +159,9 @@ def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, 
         candidates = probe_candidates(mass, roles.loaded, roles.probed[b.segment], b.segment, batch.ratios,
                                       num_segments=num_reqs)
         hidden, residual = run_layers(model.layers[:step.check_layer], b, candidates, hidden, residual)
-        _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, candidates, hidden, residual)
+        with b.faults.guarded("deviation"):
+            _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, candidates, hidden,
+                           residual)
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
     score = deviation if candidates is None else query_weighted_score(mass, deviation, roles.probed[b.segment],
@@ -206,14 +213,17 @@ def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRole
     KV of the others, narrowing the rows at each later check layer (`step.narrowing`); returns
     the final norm of vLLM's rows, in its order."""
     b = batch.rows
-    inject("forward")
+    with b.faults.guarded("forward"):
+        inject("forward")
     start = step.check_layer
     for end, ratio in [*step.narrowing, (len(model.layers), None)]:
         pseudo = pseudo_request_metadata(compute, b.segment, b.positions.long())
         logger.debug("blend: %d of %d tokens recomputed in layers %d..%d, in %d runs", pseudo.num_tokens,
                      b.positions.shape[0], start, end - 1, pseudo.num_runs)
         idx = pseudo.token_indices
-        shift = _kv_shift_plan(batch, step, roles.loaded & ~compute, idx, roles.loaded[idx])
+        shift = None
+        with b.faults.guarded("KV shift"):
+            shift = _kv_shift_plan(batch, step, roles.loaded & ~compute, idx, roles.loaded[idx])
         h, r = run_subset(model.layers[start:end], b, pseudo, hidden, residual, shift)
         if residual is None:  # check layer 0: rows that did not go on have no state past the embedding
             hidden, residual = hidden.clone(), torch.zeros_like(hidden)
@@ -227,6 +237,7 @@ def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRole
     out = hidden.new_zeros(batch.num_input_rows, hidden.shape[1])
     n = b.positions.shape[0]
     out[:n if batch.scheduled is None else batch.scheduled.shape[0]], _ = model.norm(hidden[rows], residual[rows])
+    b.faults.settle()  # a fault on any rank since the selection: every rank falls back
     return out
 
 
@@ -243,16 +254,21 @@ def _narrow(layer, layer_index: int, step: BlendStep, batch: _Batch, roles: _Row
     ranked = roles.loaded & compute & ~roles.last & ~batch.near_chunk_start
     if not bool(ranked.any()):
         return compute
-    stale_v = step.layout.gather(step.caches[layer_index], b.slot_mapping[ranked])[1]  # not yet overwritten
-    with b.lora_rows(torch.nonzero(ranked).flatten()):
-        _, fresh_v = _check_layer_kv(layer, hidden[ranked], residual[ranked], None)
     deviation = torch.zeros(b.positions.shape[0], dtype=torch.float32, device=hidden.device)
-    deviation[ranked] = token_deviation(fresh_v, stale_v.to(fresh_v.dtype))
+    with b.faults.guarded("narrowing"):
+        stale_v = step.layout.gather(step.caches[layer_index], b.slot_mapping[ranked])[1]  # not yet overwritten
+        with b.lora_rows(torch.nonzero(ranked).flatten()):
+            _, fresh_v = _check_layer_kv(layer, hidden[ranked], residual[ranked], None)
+        deviation[ranked] = token_deviation(fresh_v, stale_v.to(fresh_v.dtype))
     if get_tensor_model_parallel_world_size() > 1:
         deviation = tensor_model_parallel_all_reduce(deviation)
     score = deviation if mass is None else torch.where(
         roles.probed[b.segment], mass * deviation.clamp(min=0).sqrt(), deviation)
-    keep = narrowed(score, ranked, roles.loaded & compute & ~ranked, roles.loaded, b.segment, batch.ratios, ratio)
+    keep = ranked
+    with b.faults.guarded("narrowing"):
+        keep = narrowed(score, ranked, roles.loaded & compute & ~ranked, roles.loaded, b.segment, batch.ratios,
+                        ratio)
+    b.faults.settle()  # the narrowed rows are the next collectives' shape
     step.stats.add("narrowed_tokens", int(ranked.sum()) - int(keep.sum()))
     return compute & ~(ranked & ~keep)
 
@@ -275,7 +291,8 @@ class _Batch:
     num_input_rows: int  # rows of vLLM's input (padding included)
 
 
-def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embeds) -> _Batch:
+def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embeds,
+                  faults: RankFaults) -> _Batch:
     """Builds the batch of this step's forward: vLLM's rows plus the region rows of each blend
     request, found in vLLM's batch by the slot of its first scheduled token (the V1 runner gives
     the model no request ids)."""
@@ -303,7 +320,7 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
     if not any(len(r.positions) for r in regions.values()):
         segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)
         rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
-                         LoraRows.of(model, torch.arange(n, device=device)))
+                         LoraRows.of(model, torch.arange(n, device=device)), faults)
         return _Batch(rows, hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
                       _chunk_of(regions, rows), None, num_rows)
     lens, offset = [], 0
@@ -337,7 +354,7 @@ def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embed
     new_qsl[1:] = torch.cumsum(lens_t, 0)
     new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
                                    max_query_len=int(lens_t.max()))
-    rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora)
+    rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora, faults)
     return _Batch(rows, out_hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
                   _chunk_of(regions, rows), scheduled, num_rows)
 
@@ -466,6 +483,7 @@ def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual
         run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual)
     q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
     mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    for i, attn, q in zip(range(step.check_layer + 1, len(b.layer_names)), attns, captured):
-        mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale)
+    with b.faults.guarded("probe"):
+        for i, attn, q in zip(range(step.check_layer + 1, len(b.layer_names)), attns, captured):
+            mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale)
     return mass

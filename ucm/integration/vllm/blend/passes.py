@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ucm.integration.vllm.blend.lora_rows import LoraRows, within
+from ucm.integration.vllm.blend.rank_faults import RankFaults
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan, subset_attention, subset_metadata
 from ucm.sparse.blend.query_probe import attention_mass
 from ucm.sparse.blend.runs import PseudoBatch, pseudo_request_metadata
@@ -27,6 +28,7 @@ class BlendRows:
     slot_mapping: torch.Tensor  # [n] int64
     segment: torch.Tensor  # [n] request index (the block-table row)
     lora: LoraRows | None  # each row's adapter, None without LoRA
+    faults: RankFaults | None = None  # where one rank's fault waits for the others (tensor parallelism)
 
     @property
     def is_vllm_batch(self) -> bool:
@@ -83,7 +85,7 @@ def run_subset(layers, b: BlendRows, pseudo: PseudoBatch, hidden, residual, shif
     fc.slot_mapping = {name: sub.slot_mapping for name in b.layer_names}
     try:
         h, r = hidden[idx], None if residual is None else residual[idx]
-        with subset_attention(attn_layers, b.layout, shift), b.lora_rows(idx):
+        with subset_attention(attn_layers, b.layout, shift, b.faults), b.lora_rows(idx):
             for layer in layers:
                 h, r = layer(sel_positions, h, r)
     finally:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ucm.integration.vllm.blend.rank_faults import RankFaults
+from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts
 from ucm.sparse.blend.rope import Rotation
 from ucm.sparse.blend.runs import PseudoBatch
@@ -127,10 +129,11 @@ class KVShiftPlan:
 class SubsetAttentionImpl:
     """Stands in for one layer's vLLM attention impl during a subset pass."""
 
-    def __init__(self, inner, layout, shift: KVShiftPlan | None = None) -> None:
+    def __init__(self, inner, layout, shift: KVShiftPlan | None = None, faults: RankFaults | None = None) -> None:
         self.inner = inner
         self.layout = layout
         self.shift = shift
+        self.faults = faults or RankFaults(1)
 
     def __getattr__(self, name):  # everything but forward and the KV write is vLLM's
         return getattr(self.inner, name)
@@ -146,36 +149,39 @@ class SubsetAttentionImpl:
         if not isinstance(attn_metadata, SubsetAttentionMetadata):
             return self.inner.forward(layer, query, key, value, kv_cache, attn_metadata, output=output,
                                       output_scale=output_scale, output_block_scale=output_block_scale)
-        m = attn_metadata
-        n, d = m.num_actual_tokens, self.inner.head_size
-        q = query[:n].view(n, -1, d)
-        out = output[:n].view(n, -1, d)
-        if m.kernel is not None:
-            rows = m.kernel_rows
-            if rows.numel() == n:  # every row: call the kernel in place
-                self.inner.forward(layer, query, key, value, kv_cache, m.kernel, output=output)
-            else:
-                part = out.new_empty(rows.numel(), out.shape[1], d)
-                self.inner.forward(layer, q[rows], key[:n][rows], value[:n][rows], kv_cache, m.kernel, output=part)
-                out[rows] = part
-        for g in m.tiled:
-            if g.plan is None:
-                out[g.rows] = paged_causal_attention(q[g.rows], g.positions, self.layout.pages(kv_cache),
-                                                     g.kernel_blocks, self.inner.scale,
-                                                     page_format=self.layout.page_format)
-            else:
-                k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
-                out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)
+        with self.faults.guarded("attention"):  # under TP a fault here waits for the others' collectives
+            inject("attention")
+            m = attn_metadata
+            n, d = m.num_actual_tokens, self.inner.head_size
+            q = query[:n].view(n, -1, d)
+            out = output[:n].view(n, -1, d)
+            if m.kernel is not None:
+                rows = m.kernel_rows
+                if rows.numel() == n:  # every row: call the kernel in place
+                    self.inner.forward(layer, query, key, value, kv_cache, m.kernel, output=output)
+                else:
+                    part = out.new_empty(rows.numel(), out.shape[1], d)
+                    self.inner.forward(layer, q[rows], key[:n][rows], value[:n][rows], kv_cache, m.kernel,
+                                       output=part)
+                    out[rows] = part
+            for g in m.tiled:
+                if g.plan is None:
+                    out[g.rows] = paged_causal_attention(q[g.rows], g.positions, self.layout.pages(kv_cache),
+                                                         g.kernel_blocks, self.inner.scale,
+                                                         page_format=self.layout.page_format)
+                else:
+                    k_t, v = self.layout.gather_pages_head_major(kv_cache, g.kernel_blocks)
+                    out[g.rows] = tiled_causal_attention(q[g.rows], k_t, v, g.plan, self.inner.scale)
         return output
 
 
 @contextlib.contextmanager
-def subset_attention(attn_layers, layout, shift: KVShiftPlan | None = None):
+def subset_attention(attn_layers, layout, shift: KVShiftPlan | None = None, faults: RankFaults | None = None):
     """Puts `SubsetAttentionImpl` in front of each layer's impl, for one subset pass."""
     saved = [layer.impl for layer in attn_layers]
     try:
         for layer, impl in zip(attn_layers, saved):
-            layer.impl = SubsetAttentionImpl(impl, layout, shift)
+            layer.impl = SubsetAttentionImpl(impl, layout, shift, faults)
         yield
     finally:
         for layer, impl in zip(attn_layers, saved):

@@ -58,6 +58,11 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_musique8_rules.json", "Qwen2.5-Coder-1.5B-Instruct on the first 8 MuSiQue questions (~6k tokens), the "
+     "query rule by attention alone against HKVD and LMCache's key_l2 at 0.15, bfloat16 (a test suite shared the "
+     "cores: TTFTs rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 8 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query,hkvd,key_l2 --no-plot --out benchmarks/results/qwen15_musique8_rules.json"),
     ("qwen15_rules_gen20.json", "Qwen2.5-Coder-1.5B-Instruct, every rule at 0.15 on the 20 generated questions of "
      "qwen15_layer1_gen20.json, the query rule by attention alone (2026-11-28, a tenth session), bfloat16",
      f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
@@ -336,6 +341,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("qwen05_zipf48_c2.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 48 requests at concurrency 2, "
+     "bfloat16 on an AVX-512-BF16 host, Blend at ratio 0.15 (admission \"adaptive\"), the query rule by attention "
+     "alone, plain vLLM then Blend back to back, nothing else running (2026-11-28, a tenth session)",
+     "python benchmarks/rag_traffic.py --model qwen2.5-coder-0.5b --dtype bfloat16 --ratio 0.15 "
+     "--num-requests 48 --concurrency 2 --logprobs 20 --out benchmarks/results/qwen05_zipf48_c2.json", None),
     ("qwen05_zipf24_c2.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 24 requests at concurrency 2, "
      "bfloat16 on an AVX-512-BF16 host, Blend at the README's ratio 0.3 (admission \"adaptive\"), plain vLLM then "
      "Blend back to back, nothing else running",
@@ -552,6 +562,7 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue, every rule", "qwen15_musique8_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5_attention_alone.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue, before attention alone", "qwen15_musique5.json"),
     ("The query rule by attention alone on Qwen2.5-Coder-1.5B-Instruct", "qwen15_attention_alone_gen14.json"),
@@ -564,7 +575,7 @@ LATEST = [
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
-    ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf24_c2.json"),
+    ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),

@@ -2,7 +2,7 @@
 
 import torch
 
-from ucm.integration.vllm.blend.blend_forward import _chunk_of, _near_chunk_start
+from ucm.integration.vllm.blend.forward_batch import chunk_of, near_chunk_start
 from ucm.integration.vllm.blend.passes import BlendRows
 from ucm.integration.vllm.blend_step import RegionRows
 from ucm.sparse.blend.vocabulary import Selection
@@ -22,7 +22,7 @@ def test_chunk_start_rows_are_the_first_k_of_each_loaded_chunk():
     rows = BlendRows(None, [], None, None, positions, None, segment, None)
     regions = {0: region(Selection.CHUNK_START, [10, 30], 4), 1: region(Selection.HKVD, [0], 0),
                2: region(Selection.QUERY, [100], 2)}
-    near = _near_chunk_start(regions, rows)
+    near = near_chunk_start(regions, rows)
     assert positions[near & (segment == 0)].tolist() == [10, 11, 12, 13, 30, 31, 32, 33]
     assert not near[segment == 1].any()  # a rule with no chunk-start tokens: none
     assert positions[near & (segment == 2)].tolist() == [100, 101]  # rows before the first chunk: none
@@ -36,7 +36,7 @@ def test_kv_shift_chunks_are_numbered_across_the_batch():
     rows = BlendRows(None, [], None, None, positions, None, segment, None)
     regions = {0: region(Selection.QUERY, [10, 30], 0, 0.5), 1: region(Selection.QUERY, [0], 0),
                2: region(Selection.HKVD, [100], 0, 1.0)}
-    chunk, shares = _chunk_of(regions, rows)
+    chunk, shares = chunk_of(regions, rows)
     assert shares.tolist() == [0.5, 0.5, 1.0]  # each chunk's request's share
     assert chunk[:40].tolist() == [-1] * 5 + [0] * 20 + [1] * 15  # before the first chunk: none
     assert (chunk[40:50] == -1).all()

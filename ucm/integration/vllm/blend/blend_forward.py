@@ -18,13 +18,12 @@ KV (see sparse_attention.py).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 
 import torch
 
-from ucm.integration.vllm.blend.lora_rows import LoraRows, within
+from ucm.integration.vllm.blend.forward_batch import ForwardBatch, batch_with_regions
 from ucm.integration.vllm.blend.oracle import oracle_score
 from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
                                                run_subset)
@@ -64,7 +63,7 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
     from vllm.forward_context import get_forward_context
 
     faults = RankFaults.of_tensor_parallel_group()
-    batch = _with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds, faults)
+    batch = batch_with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds, faults)
     roles = _row_roles(batch, step)
     early = model.layers[:step.check_layer]
     oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries) \
@@ -104,7 +103,7 @@ class _RowRoles:
     deferred: torch.Tensor
 
 
-def _row_roles(batch: _Batch, step: BlendStep) -> _RowRoles:
+def _row_roles(batch: ForwardBatch, step: BlendStep) -> _RowRoles:
     b = batch.rows
     positions, segment, slot_mapping = b.positions, b.segment, b.slot_mapping
     n, device = positions.shape[0], positions.device
@@ -133,7 +132,7 @@ def _row_roles(batch: _Batch, step: BlendStep) -> _RowRoles:
                      oracled, at_starts, deferred)
 
 
-def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, hidden, residual, oracle):
+def _score_loaded_rows(model, step: BlendStep, batch: ForwardBatch, roles: _RowRoles, hidden, residual, oracle):
     """Each loaded row's selection score, the probe's candidates and the question's attention
     mass over the rows (both None without probed requests).
 
@@ -173,7 +172,7 @@ def _score_loaded_rows(model, step: BlendStep, batch: _Batch, roles: _RowRoles, 
     return score, candidates, mass, hidden, residual
 
 
-def _select(step: BlendStep, batch: _Batch, roles: _RowRoles, score: torch.Tensor) -> torch.Tensor:
+def _select(step: BlendStep, batch: ForwardBatch, roles: _RowRoles, score: torch.Tensor) -> torch.Tensor:
     """The loaded rows recomputed: each request's top ratio by score, chunk-start rows (EPIC)
     first and, for "chunk_start" requests, alone."""
     segment = batch.rows.segment
@@ -188,7 +187,7 @@ def _select(step: BlendStep, batch: _Batch, roles: _RowRoles, score: torch.Tenso
     return selected
 
 
-def _rows_to_compute(step: BlendStep, batch: _Batch, roles: _RowRoles, selected: torch.Tensor) -> torch.Tensor:
+def _rows_to_compute(step: BlendStep, batch: ForwardBatch, roles: _RowRoles, selected: torch.Tensor) -> torch.Tensor:
     """Rows that go through the check layer and the later layers: every row without loaded KV,
     the selected ones and each request's last row, less the misses the probe already computed.
 
@@ -207,7 +206,7 @@ def _rows_to_compute(step: BlendStep, batch: _Batch, roles: _RowRoles, selected:
     return compute
 
 
-def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRoles, compute, hidden,
+def _run_from_check_layer(model, step: BlendStep, batch: ForwardBatch, roles: _RowRoles, compute, hidden,
                           residual, mass=None) -> torch.Tensor:
     """The check layer and the later layers on the `compute` rows over the loaded (and shifted)
     KV of the others, narrowing the rows at each later check layer (`step.narrowing`); returns
@@ -241,7 +240,7 @@ def _run_from_check_layer(model, step: BlendStep, batch: _Batch, roles: _RowRole
     return out
 
 
-def _narrow(layer, layer_index: int, step: BlendStep, batch: _Batch, roles: _RowRoles, compute, hidden, residual,
+def _narrow(layer, layer_index: int, step: BlendStep, batch: ForwardBatch, roles: _RowRoles, compute, hidden, residual,
             ratio: float, mass) -> torch.Tensor:
     """CacheBlend's gradual filtering at a later check layer: the loaded rows still recomputed are
     ranked again by their V deviation there (weighted by the question's attention for probed
@@ -273,126 +272,7 @@ def _narrow(layer, layer_index: int, step: BlendStep, batch: _Batch, roles: _Row
     return compute & ~(ranked & ~keep)
 
 
-@dataclass
-class _Batch:
-    """The rows the Blend forward runs: vLLM's scheduled rows, each blend request's region rows
-    inserted before its own (a request's rows stay contiguous and in position order, as in vLLM's
-    batch), with per-request Blend settings."""
-
-    rows: BlendRows
-    hidden: torch.Tensor  # [n, hidden] embeddings
-    ratios: torch.Tensor  # [num_reqs] float32, 0 for requests not blending
-    rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
-    question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
-    near_chunk_start: torch.Tensor  # [n] rows within the first chunk_start_tokens of their loaded chunk
-    # ([n] chunk index of rows of kv_shift requests, else -1; [num_chunks] each chunk's kv_shift share)
-    chunk_of: tuple[torch.Tensor, torch.Tensor]
-    scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
-    num_input_rows: int  # rows of vLLM's input (padding included)
-
-
-def _with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_embeds,
-                  faults: RankFaults) -> _Batch:
-    """Builds the batch of this step's forward: vLLM's rows plus the region rows of each blend
-    request, found in vLLM's batch by the slot of its first scheduled token (the V1 runner gives
-    the model no request ids)."""
-    layer_names = list(fc.attn_metadata)  # one KV-cache group: one metadata object
-    meta = fc.attn_metadata[layer_names[0]]
-    n = int(meta.num_actual_tokens)
-    device = positions.device
-    slot_mapping = fc.slot_mapping[layer_names[0]][:n].long()
-    qsl = meta.query_start_loc.long()
-    num_reqs = qsl.shape[0] - 1
-    owner = {slot: i for i, slot in enumerate(slot_mapping[qsl[:-1]].tolist())}
-    regions = {}
-    for region in step.regions:
-        if region.first_slot not in owner:
-            raise RuntimeError(f"Blend: no request of this batch starts at slot {region.first_slot}")
-        regions[owner[region.first_slot]] = region
-    ratios = torch.zeros(num_reqs, dtype=torch.float32, device=device)
-    rules = torch.full((num_reqs,), -1, dtype=torch.long, device=device)
-    question_end = torch.full((num_reqs,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
-    for i, region in regions.items():
-        ratios[i], rules[i], question_end[i] = region.ratio, int(region.selection), region.question_end
-    num_rows = (inputs_embeds if inputs_embeds is not None else input_ids).shape[0]  # padding included
-    hidden = inputs_embeds[:n] if inputs_embeds is not None else model.embed_input_ids(input_ids[:n])
-    counts = qsl[1:] - qsl[:-1]
-    if not any(len(r.positions) for r in regions.values()):
-        segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts)
-        rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
-                         LoraRows.of(model, torch.arange(n, device=device)), faults)
-        return _Batch(rows, hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
-                      _chunk_of(regions, rows), None, num_rows)
-    lens, offset = [], 0
-    region_rows, scheduled = [], []
-    for i in range(num_reqs):
-        m = len(regions[i].positions) if i in regions else 0
-        count = int(counts[i])
-        if m:
-            region_rows.append(torch.arange(offset, offset + m, device=device))
-        scheduled.append(torch.arange(offset + m, offset + m + count, device=device))
-        offset += m + count
-        lens.append(m + count)
-    region_rows, scheduled = torch.cat(region_rows), torch.cat(scheduled)
-    ordered = [regions[i] for i in sorted(regions) if len(regions[i].positions)]
-    total = offset
-    lens_t = torch.tensor(lens, device=device)
-    segment = torch.repeat_interleave(torch.arange(num_reqs, device=device), lens_t)
-    # Each row's request, as the row of vLLM's batch that request's LoRA mapping is read from.
-    lora = LoraRows.of(model, qsl[segment])
-    out_hidden = hidden.new_empty(total, hidden.shape[1])
-    out_hidden[scheduled] = hidden
-    with within(lora, region_rows):
-        out_hidden[region_rows] = model.embed_input_ids(torch.cat([r.token_ids for r in ordered]))
-    out_positions = positions.new_empty(total)
-    out_positions[scheduled] = positions[:n]
-    out_positions[region_rows] = torch.cat([r.positions for r in ordered]).to(positions.dtype)
-    out_slots = slot_mapping.new_empty(total)
-    out_slots[scheduled] = slot_mapping
-    out_slots[region_rows] = torch.cat([r.slots for r in ordered])
-    new_qsl = torch.zeros(num_reqs + 1, dtype=meta.query_start_loc.dtype, device=device)
-    new_qsl[1:] = torch.cumsum(lens_t, 0)
-    new_meta = dataclasses.replace(meta, num_actual_tokens=total, query_start_loc=new_qsl,
-                                   max_query_len=int(lens_t.max()))
-    rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora, faults)
-    return _Batch(rows, out_hidden, ratios, rules, question_end, _near_chunk_start(regions, rows),
-                  _chunk_of(regions, rows), scheduled, num_rows)
-
-
-def _near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
-    """[n] bool: rows among the first `chunk_start_tokens` of their request's loaded chunks."""
-    near = torch.zeros(b.positions.shape[0], dtype=torch.bool, device=b.positions.device)
-    for mine, pos, at, region in _rows_in_chunks(regions, b, lambda r: r.chunk_start_tokens):
-        start = region.chunk_starts[at.clamp(min=0)]
-        near[mine] = (at >= 0) & (pos - start < region.chunk_start_tokens)
-    return near
-
-
-def _chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n] long, [num_chunks] float32): each row's loaded chunk, numbered across the batch, for
-    requests with kv_shift on (-1 elsewhere and before a request's first loaded chunk), and each
-    chunk's share (its request's kv_shift)."""
-    device = b.positions.device
-    chunk = torch.full((b.positions.shape[0],), -1, dtype=torch.long, device=device)
-    shares = []
-    for mine, _, at, region in _rows_in_chunks(regions, b, lambda r: r.kv_shift > 0):
-        chunk[mine] = torch.where(at >= 0, at + len(shares), at.new_tensor(-1))
-        shares += [region.kv_shift] * region.chunk_starts.numel()
-    return chunk, torch.tensor(shares, dtype=torch.float32, device=device)
-
-
-def _rows_in_chunks(regions: dict, b: BlendRows, wanted):
-    """For each region that `wanted(region)` and that loaded chunks: (its rows mask, their
-    positions, the index of the loaded chunk each row is in, -1 before the first; the region)."""
-    for i, region in regions.items():
-        if not wanted(region) or not region.chunk_starts.numel():
-            continue
-        mine = b.segment == i
-        pos = b.positions[mine].long()
-        yield mine, pos, torch.searchsorted(region.chunk_starts, pos, right=True) - 1, region
-
-
-def _kv_shift_plan(batch: _Batch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,
+def _kv_shift_plan(batch: ForwardBatch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,
                    idx_loaded: torch.Tensor) -> KVShiftPlan | None:
     """The main pass's chunk-mean KV shift: its loaded rows (`idx_loaded` over the pass rows `idx`)
     estimate each chunk's error, the loaded rows `left_out` of chunks with an estimate are moved;

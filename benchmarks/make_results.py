@@ -58,6 +58,15 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("smollm2_musique20_gradual.json", "Gradual filtering on MuSiQue (SmolLM2, the first 20 questions, bfloat16, the "
+     "query rule by attention alone): 0.3 selected at check layer 1, narrowed to 0.15 at layer 4 (its 'blend 0.3'); "
+     "one check layer on the same questions: smollm2_musique20_one_layer.json, run just before",
+     f"{_Q} --dtype bfloat16 --num-questions 20 --kl-tokens 1 --sweep --ratios 0.3 --selections query "
+     "--later-checks 4:0.15 --no-plot --out benchmarks/results/smollm2_musique20_gradual.json"),
+    ("smollm2_musique20_one_layer.json", "One check layer at 0.15 and 0.3 on MuSiQue (SmolLM2, the first 20 questions, "
+     "bfloat16, the query rule by attention alone)",
+     f"{_Q} --dtype bfloat16 --num-questions 20 --kl-tokens 1 --sweep --ratios 0.15,0.3 --selections query "
+     "--no-plot --out benchmarks/results/smollm2_musique20_one_layer.json"),
     ("qwen15_musique8_rules.json", "Qwen2.5-Coder-1.5B-Instruct on the first 8 MuSiQue questions (~6k tokens), the "
      "query rule by attention alone against HKVD and LMCache's key_l2 at 0.15, bfloat16 (a test suite shared the "
      "cores: TTFTs rough)",
@@ -266,6 +275,9 @@ def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
+    ("Gradual filtering (0.3 at layer 1 narrowed to 0.15 at layer 4) against one check layer at 0.15 and at 0.3, "
+     "MuSiQue, 20 questions, SmolLM2, bfloat16", "smollm2_musique20_one_layer.json", "smollm2_musique20_gradual.json",
+     [("blend 0.15", "blend 0.3"), ("blend 0.3", "blend 0.3")]),
     ("KV shift against the query rule alone, generated set, 50 questions", "blend_epic_query_generated50.json",
      "blend_kv_shift_generated50.json", _at_both_ratios("", "+shift")),
     ("KV shift against the query rule alone, generated set, 200 questions", "blend_bench_generated200_ratios.json",
@@ -569,6 +581,8 @@ LATEST = [
     ("The query rule by attention alone on Qwen2.5-Coder-0.5B-Instruct", "qwen05_attention_alone_gen8.json"),
     ("kv_shift on Qwen2.5-Coder-1.5B-Instruct", "qwen15_kv_shift_gen12.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
+    ("Gradual filtering (several check layers) on MuSiQue, SmolLM2", "smollm2_musique20_gradual.json"),
+    ("One check layer on MuSiQue, SmolLM2 (gradual filtering's reference)", "smollm2_musique20_one_layer.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
@@ -579,6 +593,7 @@ LATEST = [
     ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
+    ("Where Blend pays: one request, k of 10 passages cached (Qwen2.5-Coder-0.5B-Instruct)", "qwen05_hit_threshold.json"),
     ("Store under faults", "store_faults.json"),
 ]
 PROFILE_RUNS = [
@@ -587,9 +602,14 @@ PROFILE_RUNS = [
      "--num-requests 10 --warmup 1 --concurrency 2"),
 ]
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
-HIT_THRESHOLD_RUN = ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
-                     "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script paused 2 s "
-                     "after indexing: its Blend times include waiting for the indexing dumps, most at k = 7)")
+HIT_THRESHOLD_RUNS = [
+    ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
+     "--out benchmarks/results/hit_threshold.json" " (run with VLLM_CPU_NUM_OF_RESERVED_CPU=0 and before the script "
+     "paused 2 s after indexing: its Blend times include waiting for the indexing dumps, most at k = 7)"),
+    ("qwen05_hit_threshold.json", "python benchmarks/hit_threshold.py --model qwen2.5-coder-0.5b --dtype bfloat16 "
+     "--num-questions 2 --hits 0,2,3,5,7,10 --ratio 0.15 --out benchmarks/results/qwen05_hit_threshold.json "
+     "(Qwen2.5-Coder-0.5B-Instruct; the Blend times at k = 7 include waiting for the indexing dumps)"),
+]
 
 
 def _ci(row: dict, key: str, fmt: str) -> str:
@@ -1042,9 +1062,10 @@ def sections() -> list[tuple[str, list[str]]]:
         baseline = json.loads((RESULTS / base).read_text()) if base and (RESULTS / base).is_file() else None
         note = f" Plain vLLM's rows: `{base}` (the same stream)." if base else ""
         out.append(_section(title, f"`{command}`{note}", name, lambda data: traffic_table(data, baseline)))
-    name, command = HIT_THRESHOLD_RUN
-    out.append(_section("Where Blend pays: one request, k of 10 passages cached", f"`{command}`", name,
-                        hit_threshold_table))
+    for name, command in HIT_THRESHOLD_RUNS:
+        model = " (Qwen2.5-Coder-0.5B-Instruct)" if name.startswith("qwen05") else ""
+        out.append(_section(f"Where Blend pays: one request, k of 10 passages cached{model}", f"`{command}`", name,
+                            hit_threshold_table))
     for name, title, command in PROFILE_RUNS:
         out.append(_section(title, f"`{command}`", name, profile_table))
     name, command = FAULTS_RUN

@@ -58,6 +58,12 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_gradual_gen20.json", "Gradual filtering on Qwen2.5-Coder-1.5B-Instruct (the 20 generated questions of "
+     "qwen15_rules_gen20.json, bfloat16, query rule): 0.3 at check layer 1 narrowed to 0.15 at layer 4 (its "
+     "'blend 0.3'); one check layer at 0.15: qwen15_rules_gen20.json",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 20 --sweep --ratios 0.3 --selections query --later-checks 4:0.15 --no-plot "
+     "--out benchmarks/results/qwen15_gradual_gen20.json"),
     ("smollm2_musique20_gradual.json", "Gradual filtering on MuSiQue (SmolLM2, the first 20 questions, bfloat16, the "
      "query rule by attention alone): 0.3 selected at check layer 1, narrowed to 0.15 at layer 4 (its 'blend 0.3'); "
      "one check layer on the same questions: smollm2_musique20_one_layer.json, run just before",
@@ -67,6 +73,12 @@ QUALITY_RUNS = [
      "bfloat16, the query rule by attention alone)",
      f"{_Q} --dtype bfloat16 --num-questions 20 --kl-tokens 1 --sweep --ratios 0.15,0.3 --selections query "
      "--no-plot --out benchmarks/results/smollm2_musique20_one_layer.json"),
+    ("qwen15_musique8_15_rules.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 8-15 (~6k tokens), the "
+     "query rule by attention alone against HKVD and LMCache's key_l2 at 0.15, bfloat16 (held out from "
+     "qwen15_musique8_rules.json, nothing else running)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --skip-questions 8 --num-questions 8 --max-tokens 16 "
+     "--kl-tokens 1 --sweep --ratios 0.15 --selections query,hkvd,key_l2 --no-plot "
+     "--out benchmarks/results/qwen15_musique8_15_rules.json"),
     ("qwen15_musique8_rules.json", "Qwen2.5-Coder-1.5B-Instruct on the first 8 MuSiQue questions (~6k tokens), the "
      "query rule by attention alone against HKVD and LMCache's key_l2 at 0.15, bfloat16 (a test suite shared the "
      "cores: TTFTs rough)",
@@ -275,6 +287,9 @@ def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
+    ("Gradual filtering (0.3 at layer 1 narrowed to 0.15 at layer 4) against one check layer at 0.15, generated set, "
+     "20 questions, Qwen2.5-Coder-1.5B-Instruct, bfloat16", "qwen15_rules_gen20.json", "qwen15_gradual_gen20.json",
+     [("blend 0.15", "blend 0.3")]),
     ("Gradual filtering (0.3 at layer 1 narrowed to 0.15 at layer 4) against one check layer at 0.15 and at 0.3, "
      "MuSiQue, 20 questions, SmolLM2, bfloat16", "smollm2_musique20_one_layer.json", "smollm2_musique20_gradual.json",
      [("blend 0.15", "blend 0.3"), ("blend 0.3", "blend 0.3")]),
@@ -574,13 +589,15 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue, every rule", "qwen15_musique8_rules.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, every rule", "qwen15_musique8_rules.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 8-15, every rule", "qwen15_musique8_15_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5_attention_alone.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue, before attention alone", "qwen15_musique5.json"),
     ("The query rule by attention alone on Qwen2.5-Coder-1.5B-Instruct", "qwen15_attention_alone_gen14.json"),
     ("The query rule by attention alone on Qwen2.5-Coder-0.5B-Instruct", "qwen05_attention_alone_gen8.json"),
     ("kv_shift on Qwen2.5-Coder-1.5B-Instruct", "qwen15_kv_shift_gen12.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct at two ratios", "qwen05_ratios_generated8.json"),
+    ("Gradual filtering (several check layers) on Qwen2.5-Coder-1.5B-Instruct", "qwen15_gradual_gen20.json"),
     ("Gradual filtering (several check layers) on MuSiQue, SmolLM2", "smollm2_musique20_gradual.json"),
     ("One check layer on MuSiQue, SmolLM2 (gradual filtering's reference)", "smollm2_musique20_one_layer.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),

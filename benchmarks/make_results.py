@@ -368,6 +368,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_fresh36_bf16.json", "RAG stream with no reuse, 36 requests, admission \"adaptive\", each server "
+     "warmed up with one untimed request, bfloat16 on an AVX-512-BF16 host, plain vLLM then Blend back to back, "
+     "nothing else running (2026-11-28, a tenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --fresh --logprobs 20 "
+     "--warmup 1 --out benchmarks/results/rag_traffic_fresh36_bf16.json", None),
     ("qwen05_zipf48_c2.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 48 requests at concurrency 2, "
      "bfloat16 on an AVX-512-BF16 host, Blend at ratio 0.15 (admission \"adaptive\"), the query rule by attention "
      "alone, plain vLLM then Blend back to back, nothing else running (2026-11-28, a tenth session)",
@@ -578,7 +583,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_admission.json", "a RAG stream of new passages only (no reuse, KV stored "
+                    ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen05_long_generated4.json"]
@@ -607,7 +612,8 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2.json"),
-    ("RAG stream without reuse", "rag_traffic_fresh36_admission.json"),
+    ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
+    ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
     ("Where Blend pays: one request, k of 10 passages cached (Qwen2.5-Coder-0.5B-Instruct)", "qwen05_hit_threshold.json"),
@@ -914,7 +920,8 @@ def headline() -> str:
             off = next((r for r in data["runs"] if r["server"] == "plain" and on and r["load"] == on["load"]), None)
             if on and off:
                 a, b = on["summary"], off["summary"]
-                rows.append(f"| `vllm serve`, {what}, {a['chunk_hit_rate']:.0%} of chunk blocks hit), requests/s at "
+                rows.append(f"| `vllm serve`, {what}, {a['chunk_hit_rate']:.0%} of chunk blocks hit, "
+                            f"{data.get('dtype', 'float32')}), requests/s at "
                             f"{on['load'].replace('c=', 'concurrency ')}, against plain vLLM | {a['requests_per_s']:.3f} | "
                             f"{b['requests_per_s']:.3f} | {a['requests_per_s'] / b['requests_per_s']:.2f}x |")
     for name in HEADLINE_LARGER:

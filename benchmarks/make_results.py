@@ -368,6 +368,11 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, bfloat16 on an "
+     "AVX-512-BF16 host, the README's config at ratio 0.15, plain vLLM then Blend back to back, nothing else running "
+     "(2026-11-28, a tenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_bf16.json", None),
     ("rag_traffic_fresh36_bf16.json", "RAG stream with no reuse, 36 requests, admission \"adaptive\", each server "
      "warmed up with one untimed request, bfloat16 on an AVX-512-BF16 host, plain vLLM then Blend back to back, "
      "nothing else running (2026-11-28, a tenth session)",
@@ -609,6 +614,7 @@ LATEST = [
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2.json"),

@@ -96,7 +96,7 @@ class _RowRoles:
     oracled: torch.Tensor  # [num_reqs]
     at_starts: torch.Tensor  # [num_reqs] requests that recompute their chunks' first tokens only
     # Loaded rows that skip the layers before the check layer for now: those of probed requests
-    # (their deviation is measured on candidates only), of requests ranked by the oracle, of
+    # (only their candidates run them, after the probe), of requests ranked by the oracle, of
     # requests reusing everything and of "chunk_start" requests (no deviation measured). Those
     # layers' KV is the loaded one for them, which for layer 0 is exact (it depends on the token
     # and its position alone).
@@ -157,10 +157,9 @@ def _score_loaded_rows(model, step: BlendStep, batch: ForwardBatch, roles: _RowR
             mass = tensor_model_parallel_all_reduce(mass)
         candidates = probe_candidates(mass, roles.loaded, roles.probed[b.segment], b.segment, batch.ratios,
                                       num_segments=num_reqs)
+        # The candidates start their recomputation here; the attention alone ranks them, so no
+        # deviation is measured for them (query_weighted_score).
         hidden, residual = run_layers(model.layers[:step.check_layer], b, candidates, hidden, residual)
-        with b.faults.guarded("deviation"):
-            _add_deviation(deviation, check_layer, step, b, rule_of_row, roles.loaded_index, candidates, hidden,
-                           residual)
     if tp:
         deviation = tensor_model_parallel_all_reduce(deviation)
     score = deviation if candidates is None else query_weighted_score(mass, deviation, roles.probed[b.segment],

@@ -150,6 +150,50 @@ def test_a_blend_request_with_a_long_region_keeps_its_place(scheduler):
     assert "mixed" not in out.num_scheduled_tokens
 
 
+def test_a_long_region_waits_for_a_running_prefill_that_ends_sooner(scheduler):
+    """A prefill with 35 tokens left and a region of ~450 rows at the head of the queue: vLLM would
+    admit the region into the prefill's last step (221 tokens of budget left), so the prefill's
+    first token would wait for the whole region. Held, the prefill ends alone; then the region."""
+    mixed = prompt(1, chunks=8)
+    store_chunks(scheduler, prompt(1, chunks=4))
+    add(scheduler, "short", prompt(2, chunks=3))  # 291 tokens: 256, then 35
+    assert scheduler.schedule().num_scheduled_tokens == {"short": BUDGET}
+    mixed_req = add(scheduler, "mixed", mixed)
+    assert scheduler.connector.scheduler_side.planned_blend_work(mixed_req) > 35 + BUDGET
+    assert scheduler.schedule().num_scheduled_tokens == {"short": 35}
+    assert counters(scheduler)["blend_holds"] == 1
+    out = scheduler.schedule()  # the prefill is done: the region goes
+    assert out.num_scheduled_tokens["mixed"] >= 1 and out.num_scheduled_tokens.get("short", 0) <= 1
+    assert counters(scheduler)["blend_holds"] == 1
+
+
+def test_a_region_shorter_than_what_the_prefill_has_left_is_not_held(scheduler, monkeypatch):
+    """SHORT_REGION_BUDGETS lowered so that the region is no short job: against a prefill with more
+    tokens left than its rows it keeps its place as under vLLM's scheduler, with no held step."""
+    monkeypatch.setattr(bfs, "SHORT_REGION_BUDGETS", 0.1)
+    hit = prompt(4)
+    store_chunks(scheduler, hit)
+    add(scheduler, "long", prompt(2, chunks=12))
+    scheduler.schedule()
+    hit_req = add(scheduler, "hit", hit)
+    assert BUDGET * 0.1 < scheduler.connector.scheduler_side.planned_blend_work(hit_req) < 899
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens["long"] > bfs.BLEND_STEP_SHARE and "blend_holds" not in counters(scheduler)
+
+
+def test_held_steps_in_a_row_are_bounded(scheduler, monkeypatch):
+    monkeypatch.setattr(bfs, "MAX_HELD_STEPS_IN_ROW", 1)
+    mixed = prompt(1, chunks=8)
+    store_chunks(scheduler, prompt(1, chunks=4))
+    add(scheduler, "long", prompt(2, chunks=4))  # 387 tokens, fewer than the region's rows
+    mixed_req = add(scheduler, "mixed", mixed)  # vLLM would admit it into the prefill's first step
+    assert scheduler.connector.scheduler_side.planned_blend_work(mixed_req) > 387
+    assert "mixed" not in scheduler.schedule().num_scheduled_tokens
+    assert counters(scheduler)["blend_holds"] == 1
+    out = scheduler.schedule()  # the second step in a row: not held, although the prefill runs
+    assert "mixed" in out.num_scheduled_tokens and "long" in out.num_scheduled_tokens
+
+
 def test_short_steps_in_a_row_are_bounded(scheduler):
     add(scheduler, "long", prompt(2, chunks=40))
     scheduler.schedule()

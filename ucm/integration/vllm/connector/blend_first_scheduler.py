@@ -12,7 +12,11 @@ tokens: shortest job first, one step at a time, at most MAX_SHORT_STEPS_IN_ROW s
 Decodes keep their token, and other blend requests join the step while its Blend work stays
 within that bound. A blend request with a longer region (many misses) is no short job: it keeps its
 place, as under vLLM's scheduler, so that the prefills it would hold back do not wait for it
-(docs/research.md, "Where the stream's time goes, and only short regions first").
+(docs/research.md, "Where the stream's time goes, and only short regions first"). But it is not
+admitted into a step with a prefill (running, or waiting before it) that has fewer prompt tokens
+left than its region has rows (at most MAX_HELD_STEPS_IN_ROW steps in a row): its region runs
+beside vLLM's budget, so that prefill's first token would wait for the whole region; held, the
+shorter job ends first and the blend request's own first token comes no later.
 
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used
@@ -49,6 +53,10 @@ SHORT_REGION_BUDGETS = 1.0
 # Short steps in a row at most: then one step of vLLM's own, so a stream of blend requests
 # cannot starve the prefills it holds back.
 MAX_SHORT_STEPS_IN_ROW = 4
+# Steps in a row a long region at the head of the queue waits for a running prefill that ends
+# sooner: the prefill gets vLLM's budget each step, so it ends within step_cap / budget steps
+# unless others share the budget; the bound keeps the held request from starving.
+MAX_HELD_STEPS_IN_ROW = 8
 # Waiting requests asked about per step; a request's plan (its store lookups) is kept for
 # scheduler_side.HELD_PLAN_SECONDS and used by vLLM's own question.
 BLEND_LOOKAHEAD = 8
@@ -64,6 +72,7 @@ class BlendFirstScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
+        self._held_in_row = 0  # steps in a row no request was admitted for a prefill about to end
         self._background: dict[str, BackgroundChunk] = {}  # request id -> its chunk, in the engine now
         self._background_prefix = f"ucm-background-{uuid.uuid4().hex[:8]}-"
         self._background_sent = 0
@@ -89,7 +98,12 @@ class BlendFirstScheduler(Scheduler):
                 self.max_num_scheduled_tokens = saved
         if self._short_in_row >= MAX_SHORT_STEPS_IN_ROW or not self._blend_request_first():
             self._short_in_row = 0
+            hold_over = self._rows_to_hold_over()
+            if hold_over:
+                return self._held_step(hold_over, *args, **kwargs)
+            self._held_in_row = 0
             return super().schedule(*args, **kwargs)
+        self._held_in_row = 0
         self._short_in_row += 1
         config, side = self.scheduler_config, self.connector.scheduler_side
         saved, saved_cap = config.long_prefill_token_threshold, side.admit_cap
@@ -102,18 +116,26 @@ class BlendFirstScheduler(Scheduler):
         finally:
             config.long_prefill_token_threshold, side.admit_cap = saved, saved_cap
 
+    def _held_step(self, hold_over: int, *args, **kwargs):
+        """vLLM's step in which no blend request with more than ``hold_over`` rows of Blend work is
+        admitted: the prefill that ends sooner ends without a longer region beside it."""
+        self._held_in_row += 1
+        side = self.connector.scheduler_side
+        side.stats.add("blend_holds")
+        side.hold_over = hold_over
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            side.hold_over = None
+
     def _blend_request_first(self) -> bool:
         """Puts the first waiting request that would blend with a short region at the head of the
         queue; True when there is one and another request shares the step with it."""
-        side = getattr(self.connector, "scheduler_side", None)
-        if (side is None or not self.waiting or len(self.running) + len(self.waiting) < 2
-                or len(self.running) >= self.max_num_active_reqs):
-            return False  # nothing to hold back, or no room to admit it
-        # Only a FCFS queue is reordered; a priority queue is only asked about its head (and its
-        # iterator copies the whole heap).
-        fcfs = self.policy == SchedulingPolicy.FCFS
+        side = self._side_if_contended()
+        if side is None:
+            return False
         short = self._short_region_rows()
-        for i, request in enumerate(islice(self.waiting, BLEND_LOOKAHEAD) if fcfs else [self.waiting.peek_request()]):
+        for i, request in enumerate(self._looked_ahead()):
             work = side.planned_blend_work(request) if request.status == RequestStatus.WAITING else 0
             if 0 < work <= short:  # a longer region blends in its turn, as under vLLM's scheduler
                 if i > 0:
@@ -125,6 +147,37 @@ class BlendFirstScheduler(Scheduler):
                 self._last_first = request.request_id
                 return True
         return False
+
+    def _rows_to_hold_over(self) -> int:
+        """When the first longer region in the queue would share its step with a prefill (running,
+        or waiting before it) that has fewer prompt tokens left than the region has rows: those
+        tokens, the Blend work above which a request waits this step. Else 0."""
+        side = self._side_if_contended()
+        if side is None or self._held_in_row >= MAX_HELD_STEPS_IN_ROW:
+            return 0
+        ahead = [r.num_prompt_tokens - r.num_computed_tokens for r in self.running]
+        for request in self._looked_ahead():
+            work = side.planned_blend_work(request) if request.status == RequestStatus.WAITING else 0
+            if work:
+                left = min((n for n in ahead if n > 0), default=work)
+                return left if left < work else 0
+            ahead.append(request.num_prompt_tokens - request.num_computed_tokens)
+        return 0
+
+    def _side_if_contended(self):
+        """The connector's scheduler side when a waiting request could be admitted beside another."""
+        side = getattr(self.connector, "scheduler_side", None)
+        if (side is None or not self.waiting or len(self.running) + len(self.waiting) < 2
+                or len(self.running) >= self.max_num_active_reqs):
+            return None  # nothing to hold back, or no room to admit it
+        return side
+
+    def _looked_ahead(self):
+        # Only a FCFS queue is reordered; a priority queue is only asked about its head (and its
+        # iterator copies the whole heap).
+        if self.policy == SchedulingPolicy.FCFS:
+            return islice(self.waiting, BLEND_LOOKAHEAD)
+        return [self.waiting.peek_request()]
 
     def _short_region_rows(self) -> int:
         return int(SHORT_REGION_BUDGETS * self.max_num_scheduled_tokens)

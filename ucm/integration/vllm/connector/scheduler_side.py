@@ -76,6 +76,8 @@ class SchedulerSide:
         # Blend rows admitted per step: the cap, lowered by BlendFirstScheduler for its short steps
         # (a region is still planned, and cut, against step_cap).
         self.admit_cap = self.step_cap
+        # Blend work above which a blend request waits this step (BlendFirstScheduler's held steps).
+        self.hold_over: int | None = None
         self._step_work = 0  # committed this step (admitted blend requests)
         self._step_staged = 0  # loaded tokens staged this step (admitted blend requests)
         self.block_size = block_size
@@ -179,8 +181,9 @@ class SchedulerSide:
             if state is None:
                 return None, False
         if state.blending:
-            if self._step_work and (self._step_work + state.work > self.admit_cap
-                                    or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap):
+            if (self.hold_over is not None and state.work > self.hold_over) or self._step_work and (
+                    self._step_work + state.work > self.admit_cap
+                    or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap):
                 self.stats.add("blend_deferrals")
                 self._deferred[request.request_id] = (num_computed_tokens, state)
                 return None, False  # this step's Blend work is full: next step (vLLM keeps its place)

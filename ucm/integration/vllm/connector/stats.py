@@ -27,6 +27,8 @@ COUNTERS: dict[str, str] = {
     "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
     "blend_first_steps": "Steps BlendFirstScheduler kept short (other prefills held to one token) to admit a blend request",
     "blend_first_reorders": "Blend requests BlendFirstScheduler moved to the head of vLLM's waiting queue",
+    "blend_holds": "Steps BlendFirstScheduler admitted no request so that a running prefill ended before a long "
+                   "Blend region at the head of the queue",
     "background_chunks_queued": "Missed chunks queued to be computed alone while no request is waiting or running (background_chunks)",
     "background_chunks_dropped": "Missed chunks not queued: the queue of chunks to compute alone was full",
     "background_chunks_started": "Chunks BlendFirstScheduler sent alone to the model while no user request was waiting or running",

@@ -24,6 +24,19 @@ def _vllm_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_reduce(tensor)
 
 
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    """(rank, world size) of this worker's tensor-parallel group; (0, 1) outside a vLLM worker."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, 1
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+class PeerLoadFailed(RuntimeError):
+    """Another tensor-parallel rank failed this step's loads: this rank hands the step back too."""
+
+
 class RankAgreement:
     """The two agreements of a step with loads: the per-block outcome and whether any rank failed.
     Every rank makes the same calls in the same order (the scheduler sends all ranks the same

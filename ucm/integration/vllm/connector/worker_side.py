@@ -11,19 +11,19 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field
-
 import torch
 
 from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, RegionRows
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
+from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
-from ucm.integration.vllm.connector.rank_agreement import RankAgreement
+from ucm.integration.vllm.connector.rank_agreement import PeerLoadFailed, RankAgreement, tensor_parallel_rank_and_size
+from ucm.integration.vllm.connector.reused_buffers import ReusedBuffers
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.faults import ErrorLog, inject
-from ucm.store.base import KVStoreBase, Task
+from ucm.store.base import KVStoreBase
 from ucm.store.keys import StoreKey, shard_key
 
 logger = logging.getLogger(__name__)
@@ -33,32 +33,12 @@ BLEND_BACKENDS = ("CPU_ATTN",)
 
 _LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
 
+
 def layer_index(name: str) -> int:
     m = _LAYER_INDEX.search(name)
     if m is None:
         raise ValueError(f"cannot find the layer index in attention layer name {name!r}")
     return int(m.group(1))
-
-
-@dataclass
-class _PendingDump:
-    task: Task
-    keys: list[StoreKey]  # the blocks' keys as the scheduler knows them (this rank's shard is stored)
-    buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive until the store is done
-    nbytes: int = 0
-
-
-def tensor_parallel_rank_and_size() -> tuple[int, int]:
-    """(rank, world size) of this worker's tensor-parallel group; (0, 1) outside a vLLM worker."""
-    from vllm.distributed import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
-        return 0, 1
-    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
-
-
-class PeerLoadFailed(RuntimeError):
-    """Another tensor-parallel rank failed this step's loads: this rank hands the step back too."""
 
 
 def _num_loads(meta: UCMConnectorMetadata) -> int:
@@ -79,8 +59,6 @@ class WorkerSide:
         self.layout: KVLayout | None = None
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.totals = UCMConnectorStats()  # since start-up, logged at shutdown
-        self._pending: list[_PendingDump] = []
-        self._dump_failure_logged = False
         self._failed_block_ids: set[int] = set()
         # Each rank stores its own heads under its own key (shard_key): ranks never read each other's.
         self.rank, self.world = tensor_parallel_rank_and_size()
@@ -89,18 +67,15 @@ class WorkerSide:
         # Requests whose KV may be wrong (a failed load, a Blend region never run): nothing of theirs
         # is dumped until they finish.
         self._untrusted: set[str] = set()
-        # Dumps handed to the store and not yet written, in bytes, and the most allowed: beyond it a
-        # step's dumps are dropped (counted) rather than queued without bound under cold traffic.
-        self._pending_bytes = 0
         config = getattr(store, "config", None)
-        self.dump_queue_bytes = int(getattr(config, "dump_queue_mb", 1024.0) * (1 << 20))
+        self._pending = DumpQueue(store, int(getattr(config, "dump_queue_mb", 1024.0) * (1 << 20)))
         self._blend_step: BlendStep | None = None
         self._blend_requests: list[RequestStep] = []  # the requests of this step's Blend step
         self._errors = ErrorLog(logger)
-        self._buffers: dict[str, torch.Tensor] = {}  # see _reused
+        self._buffers = ReusedBuffers(2 * self.block_size)
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self.rotation = None if check_layer is None else KeyRotation.for_model(
-            vllm_config, lambda shape, dtype: self._reused("rope", shape, dtype))
+            vllm_config, lambda shape, dtype: self._buffers.get("rope", shape, dtype))
 
     # ---- set-up --------------------------------------------------------------------------
 
@@ -149,19 +124,9 @@ class WorkerSide:
         L, two, H, D = self._token_shape
         return torch.empty((num_tokens, L, two, H, D), dtype=self._dtype, device="cpu")
 
-    def _reused(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The first ``shape[0]`` rows of a CPU buffer kept under ``name`` at the largest size asked
-        for. Fresh large allocations cost page faults: the store reads into fresh memory at about a
-        fifth of its speed into memory touched before (1 against 6 GB/s), and a fresh float32 copy
-        for the RoPE took 6x the copy itself (5.6k tokens)."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < shape[0] or buf.shape[1:] != shape[1:] or buf.dtype != dtype:
-            buf = self._buffers[name] = torch.empty((max(shape[0], 2 * self.block_size), *shape[1:]), dtype=dtype)
-        return buf[: shape[0]]
-
     def _staging(self, name: str, num_tokens: int) -> torch.Tensor:
         """A reused [tokens, layers, 2, H, D] load buffer."""
-        return self._reused(name, (num_tokens, *self._token_shape), self._dtype)
+        return self._buffers.get(name, (num_tokens, *self._token_shape), self._dtype)
 
     # ---- loads ---------------------------------------------------------------------------
 
@@ -184,8 +149,7 @@ class WorkerSide:
             exc = failed
             self._blend_step = None
             # The store's IO threads may still be writing the load buffers: never reuse them.
-            self._buffers.pop("chunk_rows", None)
-            self._buffers.pop("whole_blocks", None)
+            self._buffers.drop("chunk_rows", "whole_blocks")
             self._fail_requests([req for req in meta.requests if req.prefix_loads or req.blend is not None],
                                 "load", exc, from_prefix=True)
 
@@ -227,8 +191,7 @@ class WorkerSide:
         if task.refused:
             self.stats.add("store_down_blocks", len(task.native_indices))
         if task.timed_out:  # IO threads may still write the load buffers: never reuse them
-            self._buffers.pop("chunk_rows", None)
-            self._buffers.pop("whole_blocks", None)
+            self._buffers.drop("chunk_rows", "whole_blocks")
             self.stats.add("load_timeout_blocks", len(keys) - sum(ok))
 
         for (req, ld), buf, good in zip(prefix, destinations[len(chunks):], ok[len(chunks):]):
@@ -380,7 +343,7 @@ class WorkerSide:
             self._report.not_stored.update(d.key for _, d in dumps)
             return
         nbytes = sum(d.num_tokens for _, d in dumps) * self.token_bytes
-        if self._pending and self._pending_bytes + nbytes > self.dump_queue_bytes:
+        if not self._pending.has_room(nbytes):
             self.stats.add("dumps_dropped", len(dumps))
             self._report.not_stored.update(d.key for _, d in dumps)
             return
@@ -388,8 +351,7 @@ class WorkerSide:
         buffers = [self._gather(req, d) for req, d in dumps]
         task = self.store.dump([self.store_key(d.key) for _, d in dumps], [_bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])
-        self._pending.append(_PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
-        self._pending_bytes += nbytes
+        self._pending.add(PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
         self.stats.add("dump_seconds", time.perf_counter() - start)
         self.stats.add("dumped_blocks", len(dumps))
         self.stats.add("dump_bytes", nbytes)
@@ -418,27 +380,7 @@ class WorkerSide:
         return out
 
     def _reap_dumps(self, block: bool) -> None:
-        still = []
-        for p in self._pending:
-            if block or self.store.check(p.task):
-                ok = self.store.wait(p.task)
-                failed = len(ok) - sum(ok)
-                self._pending_bytes -= p.nbytes
-                for key, good in zip(p.keys, ok):
-                    if good:
-                        self._report.stored[key] = 1
-                    else:
-                        self._report.not_stored.add(key)
-                if p.task.timed_out:  # a hung mount: the step goes on, the blocks may not be stored
-                    self.stats.add("dump_timeout_blocks", failed)
-                if failed:  # a full store under capacity_gb refuses some on every step: say it once
-                    log = logger.debug if self._dump_failure_logged else logger.warning
-                    self._dump_failure_logged = True
-                    log("%d of %d KV blocks could not be stored (store full or failing: see the store's "
-                        "statistics; further occurrences are logged at debug level)", failed, len(ok))
-            else:
-                still.append(p)
-        self._pending = still
+        self._pending.reap(self._report, self.stats, block)
 
     def take_stats(self) -> UCMConnectorStats | None:
         taken = self.stats.take()

@@ -482,8 +482,8 @@ def _blended_with(tmp_path, monkeypatch, knobs, **blend):
     all its chunks stored; `blend` overrides the Blend config."""
     monkeypatch.delenv("UCM_API_SERVER", raising=False)
     side = side_for(tmp_path)
-    side.blend = dataclasses.replace(side.blend, **blend)
-    side.params = RequestParamPolicy(side.blend)
+    side.blend = side.lookup.blend = dataclasses.replace(side.blend, **blend)
+    side.params = side.lookup.params = RequestParamPolicy(side.blend)
     req = request(side, "a", prompt(1))
     req.kv_transfer_params = dict(knobs)
     store_chunks(side, req.prompt_token_ids)

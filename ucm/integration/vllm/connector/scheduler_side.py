@@ -10,8 +10,8 @@ beside the scheduled row, under a per-step cap of its own (docs/serving.md).
 
 This module answers vLLM's scheduler-side connector calls and admits blend requests under the step
 cap; the parts live beside it: `store_view` (lookups, dumps awaiting confirmation, records the
-scheduler writes), `request_state` (a request's lifecycle and report), `request_plan` (chunks,
-region, loads), `dump_plan` (what is stored after a step), `approximate_hashes` (prefix-cache
+scheduler writes), `request_lookup` (a request looked up and planned), `request_state` (a
+request's lifecycle and report), `request_plan` (chunks, region, loads), `dump_plan` (what is stored after a step), `approximate_hashes` (prefix-cache
 hygiene), `background_chunks` (missed chunks computed alone).
 """
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import TYPE_CHECKING
 
-from ucm.config import CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, EXACT_PREFIX_PARAM, INDEX_PARAM
+from ucm.config import CHUNK_LENGTHS_PARAM
 from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
@@ -30,16 +29,13 @@ from ucm.integration.vllm.connector.dump_plan import new_dumps
 from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
-from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, choose_region, chunk_layout, chunk_loads
-from ucm.integration.vllm.connector.request_state import (Phase, RequestState, count_only_reused_as_cached,
-                                                         isolation_of)
+from ucm.integration.vllm.connector.request_lookup import RequestLookup, fall_back
+from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, chunk_loads
+from ucm.integration.vllm.connector.request_state import Phase, RequestState, count_only_reused_as_cached
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
-from ucm.integration.vllm.connector.store_view import SIGHTINGS, KeySpace, StoreView
+from ucm.integration.vllm.connector.store_view import KeySpace, StoreView
 from ucm.integration.vllm.faults import ErrorLog, inject
-from ucm.sparse.blend.admission import (SIGHTING_RECORD, Admission, RecentHits, admits_first_sighting, asks_nothing,
-                                        prompt_segments)
 from ucm.sparse.blend.hashing import BlockHasher
-from ucm.sparse.blend.plan import BlendPlan, build_plan
 from ucm.store.keys import KeyKind
 
 if TYPE_CHECKING:
@@ -52,9 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
-# confirm them (usually a step or two), then is planned with them as misses.
-DUMP_WAIT_SECONDS = 2.0
 # A plan held for a waiting request (deferred at the step cap, or planned ahead by
 # BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
 HELD_PLAN_SECONDS = 2.0
@@ -86,14 +79,14 @@ class SchedulerSide:
         self._states: dict[str, RequestState] = {}
         self.hashes = ApproximateHashes()  # blended blocks' hashes, salted
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
-        self._waiting: dict[str, float] = {}  # req_id -> when it started waiting for pending dumps
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
         self.adapters = AdapterDigests()  # LoRA adapters' content digests, for their requests' keys
         self._errors = ErrorLog(logger)
         self.params = RequestParamPolicy(self.blend)
-        self._recent_hits = RecentHits()  # chunk lookups of the last requests (admission "adaptive")
+        self.lookup = RequestLookup(self.blend, self.view, self.hashes, lambda: self.hasher, self.params, self.stats,
+                                    block_size, self.step_cap, self.loads, self.stores)
         # Missed chunks to compute alone while idle (BlendFirstScheduler takes them); None: off.
         self.background = (BackgroundChunks() if self.blend and self.blend.computes_missed_chunks_alone
                            and self.stores else None)
@@ -175,7 +168,8 @@ class SchedulerSide:
         else:
             try:
                 inject("lookup")
-                state = self._plan(request, num_computed_tokens, resumed)
+                state = self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)),
+                                         num_computed_tokens, resumed)
             except Exception as exc:  # a cache fault must not take the engine down: vLLM computes it
                 state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
@@ -206,7 +200,7 @@ class SchedulerSide:
             return 0
         state = self._held_plan(request.request_id, 0)
         if state is None:
-            state = self._plan(request, 0, None)
+            state = self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), 0, None)
             if state is None:
                 return 0  # waits for this engine's dumps
             self._deferred[request.request_id] = (0, state)
@@ -218,98 +212,12 @@ class SchedulerSide:
             return None
         return held[1]
 
-    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
-        """Look the request up (exact prefix, then chunk blocks) and choose its Blend region; None
-        when it should wait for dumps of blocks it needs that this engine is still writing."""
-        keys = self.keys_for(getattr(request, "lora_request", None))
-        if keys is None:
-            state = self._unplanned(request, None, num_computed_tokens)
-            state.fallback = "adapter_unreadable"  # counted at its first step
-            return state
-        self.hashes.restore(request)
-        self.view.begin()
-        tokens = request.prompt_token_ids
-        bs = self.block_size
-        prompt_len = len(tokens)
-        num_full = prompt_len // bs
-        hashes = self.hashes.original(request)[:num_full]
-        lookup = partial(self.view.lookup, keys)
-        exact_stored = lookup(KeyKind.EXACT, hashes)
-        first = num_computed_tokens // bs
-        hits = 0
-        params, refused = self.request_params(request)
-        use_prefix = self.loads and params.get(EXACT_PREFIX_PARAM, True) is not False
-        # vLLM computes every prompt token of these (its own prefix cache skips them too).
-        wants_prompt_logprobs = getattr(getattr(request, "sampling_params", None), "prompt_logprobs", None) is not None
-        use_prefix &= not wants_prompt_logprobs
-        while use_prefix and first + hits < num_full and exact_stored[first + hits]:
-            hits += 1
-        external = hits * bs
-        if num_computed_tokens + external >= prompt_len:  # vLLM must compute at least one token
-            external = max(0, prompt_len - 1 - num_computed_tokens) // bs * bs
-        prefix_tokens = num_computed_tokens + external
-
-        plan = None
-        layout = None if wants_prompt_logprobs or self.blend is None else chunk_layout(request, params, self.blend,
-                                                                                      self.stats)
-        if layout is not None:
-            plan = build_plan(layout, tokens, self.hasher, prefix_tokens, lookup, isolation_of(request),
-                              partial(self.view.lookup_refs, keys) if self.blend.chunk_refs else None)
-        if self.view.awaited:  # blocks it needs are being written by this engine: wait for them a little
-            since = self._waiting.setdefault(request.request_id, time.monotonic())
-            if time.monotonic() - since < DUMP_WAIT_SECONDS:
-                self.stats.add("dump_waits")
-                return None
-        self._waiting.pop(request.request_id, None)
-        state = RequestState(request, keys, prompt_len, plan, exact_stored, prompt_len, external, prefix_tokens)
-        if resumed is not None:
-            state.preemptions, state.num_dumped = resumed
-        state.refused = refused
-        state.indexing = asks_nothing(layout) or params.get(INDEX_PARAM) is True
-        state.admission = self._admission(keys, state.indexing, plan, hashes, exact_stored)
-        if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
-            choose_region(state, params, self.params, self.blend.min_hit_share, self.step_cap)
-        return state
-
-    def _admission(self, keys: KeySpace, indexing: bool, plan: BlendPlan | None, hashes: list[bytes],
-                   exact_stored: list[bool]) -> Admission | None:
-        """Which of the request's segments were computed before (their KV is stored when computed
-        now); None: everything is (first-sighting policy, an indexing request, nothing to store)."""
-        if (not self.stores or self.blend is None or indexing
-                or admits_first_sighting(self.blend.admission, self._recent_hits)):
-            return None
-        if all(exact_stored) and (plan is None or not plan.missed):
-            return None
-        segments = prompt_segments(plan.layout if plan else None, plan.chunk_last_hashes if plan else (), hashes,
-                                   self.block_size)
-        return Admission(tuple(segments), tuple(self.view.seen(keys, [s.fingerprint for s in segments])))
-
-    def _record_sightings(self, state: RequestState) -> None:
-        """Records the segments the request computes for the first time (admission.py), and how
-        much of what it looked up it found (an indexing request looks up what it is about to store)."""
-        if state.plan is not None and not state.indexing:
-            self._recent_hits.add(len(state.plan.loaded), len(state.plan.blocks))
-        fingerprints = state.admission.first_sightings() if state.admission else []
-        if fingerprints:
-            self.view.write_records([state.keys.key(KeyKind.SIGHTING, h) for h in fingerprints],
-                                    [SIGHTING_RECORD] * len(fingerprints), SIGHTINGS)
-
     def _failed_plan(self, request: Request, num_computed_tokens: int, exc: BaseException) -> RequestState:
         """The plan of a request whose lookup raised: no external tokens, nothing stored."""
         self._errors.error("lookup", exc, "the request is computed by vLLM and nothing of it is stored")
         self.stats.add("lookup_errors")
-        state = self._unplanned(request, None, num_computed_tokens)
+        state = self.lookup.unplanned(request, num_computed_tokens)
         self._fall_back(state, "blend_error")
-        return state
-
-    def _unplanned(self, request: Request, keys: KeySpace | None, num_computed_tokens: int) -> RequestState:
-        """A request left to vLLM alone: no external tokens, nothing of it stored."""
-        self.hashes.restore(request)
-        self._waiting.pop(request.request_id, None)
-        tokens = request.prompt_token_ids
-        state = RequestState(request, keys, len(tokens), None, [False] * (len(tokens) // self.block_size),
-                             len(tokens), 0, num_computed_tokens)
-        state.untrusted = True
         return state
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
@@ -372,7 +280,7 @@ class SchedulerSide:
         state = self._states.pop(request.request_id, None)
         self.hashes.forget(request.request_id)
         self._resumed.pop(request.request_id, None)
-        self._waiting.pop(request.request_id, None)
+        self.lookup.forget(request.request_id)
         self._deferred.pop(request.request_id, None)
         if state is None:
             return None
@@ -404,7 +312,7 @@ class SchedulerSide:
             return step if step.dumps else None
         state.phase = Phase.STEPPED
         if not state.preemptions:
-            self._record_sightings(state)
+            self.lookup.record_sightings(state)
         local = num_computed - state.num_external
         if state.preemptions:
             self.stats.add("blend_preemptions")
@@ -447,10 +355,7 @@ class SchedulerSide:
         return step if (step.prefix_loads or step.blend or step.dumps) else None
 
     def _fall_back(self, state: RequestState, reason: str) -> None:
-        """Says why a request with loaded chunk KV is not (wholly) blended: counter, report and log."""
-        state.fallback = reason
-        self.stats.add(f"blend_fallbacks_{reason}")
-        logger.info("request %s: Blend falls back (%s)", state.request.request_id, reason)
+        fall_back(state, reason, self.stats)
 
     def _dump_step(self, state: RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)

@@ -70,3 +70,12 @@ def test_no_module_level_import_cycles():
 
     for m in sorted(graph):
         visit(m)
+
+
+# A module past this has grown more than one responsibility: split it (docs/design.md, "The modules and a request's path").
+MAX_MODULE_LINES = 420
+
+
+def test_no_module_outgrows_one_responsibility():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -6,6 +6,7 @@ test_blend_faults.py runs them in an engine)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from types import SimpleNamespace
 
@@ -48,6 +49,21 @@ def test_inject_raises_only_for_the_stages_the_file_names(faults, monkeypatch):
     inject("dump")  # no file: no fault
     monkeypatch.delenv(FAULTS_ENV)
     inject("dump")
+
+
+def test_a_share_of_a_stages_calls_raises(faults, monkeypatch):
+    """`stage~P`: about P of the stage's calls raise, drawn at random; other stages never."""
+    faults.write_text("load~0.25 dump~x")
+    monkeypatch.setattr("random.random", itertools.cycle([0.1, 0.3, 0.2, 0.9]).__next__)
+    raised = 0
+    for _ in range(100):
+        try:
+            inject("load")
+        except InjectedFault:
+            raised += 1
+    assert raised == 50
+    inject("dump")  # a share that is no number names no fault
+    inject("rotate")
 
 
 def test_error_log_gives_the_traceback_once_per_stage(caplog):

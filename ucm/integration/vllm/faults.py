@@ -3,15 +3,17 @@ is left to vLLM's own computation. Also a fault-injection switch that tests use 
 
 `UCM_FAULTS` names a file; each word in it (commas or white space between) names a stage whose
 calls then raise `InjectedFault`, in every process, or with `@R` (`forward@1`) in the process of
-rank R only (a fault on one tensor-parallel rank). A file rather than the variable's value, so a
-test switches the faults of a running engine's processes on and off. Unset (the default),
-`inject` costs one environment lookup.
+rank R only (a fault on one tensor-parallel rank), or with `~P` (`load~0.1`) on a share P of its
+calls, drawn at random (a storm of faults: benchmarks/fault_storm.py). A file rather than the
+variable's value, so a test switches the faults of a running engine's processes on and off. Unset
+(the default), `inject` costs one environment lookup.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 
 FAULTS_ENV = "UCM_FAULTS"
 # lookup: the scheduler's plan of a request; load: reading and placing a step's KV; rotate: the
@@ -35,8 +37,20 @@ def inject(stage: str) -> None:
             named = f.read().replace(",", " ").split()
     except OSError:
         return
-    if stage in named or f"{stage}@{_rank()}" in named:
+    if stage in named or f"{stage}@{_rank()}" in named or _drawn(stage, named):
         raise InjectedFault(f"fault injected at stage {stage!r} ({FAULTS_ENV}={path})")
+
+
+def _drawn(stage: str, named: list[str]) -> bool:
+    """Whether a `stage~P` word names the stage and this call falls in its share P."""
+    for word in named:
+        name, sep, share = word.partition("~")
+        if sep and name == stage:
+            try:
+                return random.random() < float(share)
+            except ValueError:
+                return False
+    return False
 
 
 def _rank() -> int:

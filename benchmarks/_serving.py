@@ -113,3 +113,28 @@ def load_examples(generated: bool, limit: int, skip: int = 0, passages: int = 10
     path = None if generated or not DEFAULT_DATASET.is_file() else DEFAULT_DATASET
     examples = load_dataset(path, limit=limit, skip=skip, passages_per_example=passages, passage_words=passage_words)
     return ("MuSiQue" if path else "generated"), examples
+
+
+async def sample_rss(pids: list[int], into: list, every_s: float = 10.0) -> None:
+    """Appends (seconds since the start, resident MB of the processes and all their children) every
+    `every_s` until cancelled: a server's memory over a run."""
+    import asyncio
+
+    import psutil
+
+    start = time.monotonic()
+    while True:
+        total = 0
+        for pid in pids:
+            try:
+                procs = [psutil.Process(pid)]
+                procs += procs[0].children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+        into.append((round(time.monotonic() - start, 1), round(total / 2**20)))
+        await asyncio.sleep(every_s)

@@ -57,7 +57,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import tempfile
@@ -65,8 +64,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, start_server, stop_server,
-                      wait_healthy)
+from _mount_schedule import MountSchedule, mounted_store, window_summary
+from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, sample_rss, start_server,
+                      stop_server, wait_healthy)
 from ucm.argparse_help import HelpFormatter
 from ucm.eval.metrics import top_k_kl
 from ucm.eval.summary import host_record
@@ -119,6 +119,10 @@ def parse_args(argv=None):
     p.add_argument("--blend-config", default="{}",
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
+    p.add_argument("--mount", default=None, metavar="SPEC",
+                   help="Blend's store behind a FUSE mount that misbehaves (benchmarks/_mount_schedule.py): e.g. "
+                   "'latency_ms=5', or 'hang=open+read+write@60/300' (those calls hang from 60 s into each run for "
+                   "300 s); each run then reports its requests/s in that window and after it, and memory over time")
     p.add_argument("--instances", type=int, default=1, metavar="N",
                    help="instances per server (Blend's on one store), requests round robin: request k to "
                         "instance k %% N; N > 1: instance i's worker threads on core i %% (cores we may use) "
@@ -452,6 +456,9 @@ def finish(results: dict) -> None:
         run["summary"].update(alone_summary(run["records"], run.get("alone_same_misses"), "alone_same_misses"))
         if server == "blend" and (plain := runs.get(("plain", load))):
             run["summary"].update(kl_summary(run["records"], plain["records"]))
+        schedule = MountSchedule.parse(results["config"].get("mount") or "")
+        if schedule.window:
+            run["summary"].update(window_summary(run["records"], schedule.at, schedule.duration))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],
                                  "ttft_p50": p["summary"]["ttft_p50_s"] / b["summary"]["ttft_p50_s"]}
                           for (s, load), p in runs.items() if s == "plain" and (b := runs.get(("blend", load)))}
@@ -541,7 +548,8 @@ def answer_f1(text: str, answers) -> float:
     return best_f1(short_answer(text), list(answers))
 
 
-async def serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store, answers) -> None:
+async def serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store, answers,
+                     pids=(), mount=None) -> None:
     import httpx
 
     routes = routing(len(stream), len(urls))
@@ -568,8 +576,18 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
                                        "instance": routes[i], "passages_first_seen_elsewhere": elsewhere[i]})
                 out.write_text(json.dumps(results, indent=1))
 
-            run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level, args.seed,
-                                             on_record, args.logprobs)
+            run["rss_mb"], run["mount_events"] = [], []
+            sampler = asyncio.create_task(sample_rss(list(pids), run["rss_mb"]))
+            timers = MountSchedule.parse(args.mount).start(mount, run["mount_events"]) if mount else []
+            try:
+                run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level,
+                                                 args.seed, on_record, args.logprobs)
+            finally:
+                sampler.cancel()
+                for timer in timers:
+                    timer.cancel()
+                if mount:
+                    mount.set()
             run["summary"] = store_summary(before, sum_counters(urls), store)
             if blend and args.alone:  # after the run's counters: these requests are not part of it
                 run["alone"], run["alone_same_misses"] = [], []
@@ -585,6 +603,10 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
             s = run["summary"]
             print(f"{server} {load}: {s['requests_per_s']:.3f} req/s, TTFT p50 {s['ttft_p50_s']:.2f} s, "
                   f"blended {s['blended_share']:.0%}", flush=True)
+            if "window_requests_per_s" in s:
+                print(f"{server} {load}: in the mount's fault window {s['window_requests_per_s']:.3f} req/s, the "
+                      f"minute after {s['after_window_requests_per_s']:.3f} req/s, first blend after the release "
+                      f"{s['first_blend_after_release_s']} s, resident memory (s, MB) {run['rss_mb']}", flush=True)
             out.write_text(json.dumps(results, indent=1))
 
 
@@ -617,15 +639,15 @@ def main(argv=None) -> int:
 
     marker = chunk_end_token_id(tokenizer)  # the model's <|im_end|>: each chat message a chunk
     for server in args.servers:
-        store = tempfile.mkdtemp(prefix="ucm-rag-traffic-") if server == "blend" else None
-        ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], args.capacity_gb,
-                           json.loads(args.blend_config), marker) if store else None
         ports: list[int] = []
         while len(ports) < args.instances:
             if (port := free_port()) not in ports:
                 ports.append(port)
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         with contextlib.ExitStack() as stack:
+            store, mount = stack.enter_context(mounted_store(args.mount)) if server == "blend" else (None, None)
+            ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], args.capacity_gb,
+                               json.loads(args.blend_config), marker) if store else None
             procs = []
             try:
                 for i, port in enumerate(ports):  # one log per instance: .blend.log, or .blend.0.log, ...
@@ -636,13 +658,11 @@ def main(argv=None) -> int:
                 for url, proc in zip(urls, procs):
                     wait_healthy(url, proc)
                 asyncio.run(serve_runs(server, urls, prompts, index, stream, args, levels, results, out, store,
-                                       [examples[r.question].answers for r in stream]))
+                                       [examples[r.question].answers for r in stream], [p.pid for p in procs], mount))
             finally:
                 for proc in procs:
                     with contextlib.suppress(ProcessLookupError):  # one already gone: stop the others
                         stop_server(proc)
-                if store:
-                    shutil.rmtree(store, ignore_errors=True)
     print_table(results)
     if not args.no_plot:
         plot(results, out.with_suffix(".png"))

@@ -373,3 +373,48 @@ def test_store_summary_takes_the_runs_deltas_and_counts_the_store_files(rt, tmp_
     assert s["dump_bytes"] == 500 and s["fallbacks"] == {"blend_fallbacks_few_hits": 3}
     assert s["blend_steps_over_cap"] == 0 and s["store_blocks"] == 1 and s["store_bytes"] == 5
     assert s["dumped_not_in_store"] == 3
+
+
+def test_mount_specs_parse_and_bad_ones_name_the_problem(rt):
+    from _mount_schedule import MountSchedule
+
+    s = MountSchedule.parse("hang=open+read+write@60/300; latency_ms=5")
+    assert (s.window, s.at, s.duration, s.steady) == ({"hang": ["open", "read", "write"]}, 60.0, 300.0,
+                                                      {"latency_ms": 5.0})
+    assert MountSchedule.parse("").window == {} and rt.parse_args(["--mount", "latency_ms=5"]).mount == "latency_ms=5"
+    with pytest.raises(ValueError, match="unknown kinds"):
+        MountSchedule.parse("hang=open+nfs@1/2")
+    with pytest.raises(ValueError, match="expected latency_ms"):
+        MountSchedule.parse("latency=5")
+
+
+def test_the_schedule_sets_the_mount_at_its_times(rt):
+    from _mount_schedule import MountSchedule
+
+    class Mount:
+        def __init__(self):
+            self.states = []
+
+        def set(self, **state):
+            self.states.append(state)
+
+    async def run(mount, events):
+        MountSchedule.parse("eio=read@0.05/0.05;latency_ms=2").start(mount, events)
+        await asyncio.sleep(0.3)
+
+    mount, events = Mount(), []
+    asyncio.run(run(mount, events))
+    assert mount.states == [{"latency_ms": 2.0}, {"latency_ms": 2.0, "eio": ["read"]}, {"latency_ms": 2.0}]
+    assert [t for t, _ in events] == sorted(t for t, _ in events) and len(events) == 3
+
+
+def test_window_summary_counts_what_ended_in_the_window_and_when_blending_resumed(rt):
+    from _mount_schedule import window_summary
+
+    records = [{"start_s": 0, "end_s": 50, "blended": True}, {"start_s": 55, "end_s": 100, "blended": False},
+               {"start_s": 90, "end_s": 200, "blended": False}, {"start_s": 161, "end_s": 170, "blended": False},
+               {"start_s": 175, "end_s": 190, "blended": True}]
+    s = window_summary(records, 60, 100)
+    assert s["window_requests_per_s"] == pytest.approx(1 / 100)  # the one that ended at 100
+    assert s["after_window_requests_per_s"] == pytest.approx(3 / 60)
+    assert s["first_blend_after_release_s"] == 15

@@ -23,8 +23,13 @@ README = REPO / "README.md"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
 
 # (file, title, command that wrote it)
-HEADLINE_RUN = "blend_bench_musique100_bf16_shift.json"  # the README's offline rows: all of MuSiQue, the defaults
+HEADLINE_RUN = "blend_bench_musique100_bf16_attention.json"  # the README's offline rows: all of MuSiQue, the defaults
 EVAL_RUNS = [
+    ("blend_bench_musique100_bf16_attention.json", "MuSiQue, 100 questions, bfloat16, the defaults with the query rule "
+     "by attention alone (2026-11-28, an eleventh session; AVX-512-BF16 host, nothing else running but a few "
+     "unit tests)",
+     "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query --ratio 0.15 "
+     "--kl-tokens 1 --out benchmarks/results/blend_bench_musique100_bf16_attention.json"),
     ("blend_bench_musique100_bf16_shift.json", "MuSiQue, 100 questions, bfloat16, the default kv_shift (0.5)",
      "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query "
      "--out benchmarks/results/blend_bench_musique100_bf16_shift.json"),
@@ -957,6 +962,8 @@ def headline() -> str:
             rows.append(f"| offline, {c['num_questions']} MuSiQue questions ({c['dtype']}, {_kv_shift(c)}), median TTFT | "
                         f"{blend['median_ttft_s']:.2f} s | {full['median_ttft_s']:.2f} s | {blend['speedup']:.2f}x |")
             rows.append(f"| the same, F1 of the answer against full prefill's | {blend['f1_vs_full']:.3f} | 1 | - |")
+            if blend.get("kl_vs_full") is not None:
+                rows.append(f"| the same, next-token KL to full prefill's | {blend['kl_vs_full']:.4f} | 0 | - |")
     return "\n".join(rows)
 
 

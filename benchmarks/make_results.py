@@ -383,6 +383,12 @@ TRAFFIC_RUNS = [
      "nothing else running (2026-11-28, a tenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --fresh --logprobs 20 "
      "--warmup 1 --out benchmarks/results/rag_traffic_fresh36_bf16.json", None),
+    ("qwen05_zipf48_c2_held.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 48 requests at concurrency 2, "
+     "bfloat16, ratio 0.15, after BlendFirstScheduler holds a long Blend region behind a prefill that ends sooner "
+     "(blend_holds), plain vLLM then Blend back to back, nothing else running (2026-11-28, an eleventh session; "
+     "the same stream before the change: qwen05_zipf48_c2.json)",
+     "python benchmarks/rag_traffic.py --model qwen2.5-coder-0.5b --dtype bfloat16 --ratio 0.15 "
+     "--num-requests 48 --concurrency 2 --logprobs 20 --out benchmarks/results/qwen05_zipf48_c2_held.json", None),
     ("qwen05_zipf48_c2.json", "Qwen2.5-Coder-0.5B-Instruct on the Zipf stream, 48 requests at concurrency 2, "
      "bfloat16 on an AVX-512-BF16 host, Blend at ratio 0.15 (admission \"adaptive\"), the query rule by attention "
      "alone, plain vLLM then Blend back to back, nothing else running (2026-11-28, a tenth session)",
@@ -622,7 +628,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
-    ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2.json"),
+    ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),

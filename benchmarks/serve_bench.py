@@ -9,7 +9,8 @@ then the same prompts on plain vLLM (a server without the connector, prefix cach
 cores; the baseline Blend is reported against). Blend requests share the indexing requests' `cache_salt` (one
 tenant: chunk KV is shared within a tenant only; the passages were indexed alone, so no exact
 prefix of a measured prompt is cached); Blend-off requests each get their own, so no cache
-serves them; plain vLLM's requests send none, so its prefix cache serves what it can. Every request states its chunks (`ucm_chunk_lengths`), so the question is computed
+serves them; plain vLLM's requests share one per phase, so its prefix cache serves what a phase's
+requests share (not the same prompts asked in an earlier phase). Every request states its chunks (`ucm_chunk_lengths`), so the question is computed
 by every request. TTFT is the time to the first streamed token.
 
     python benchmarks/serve_bench.py                          # 8 questions, concurrency 1,2,4,8
@@ -71,7 +72,7 @@ async def one_request(client, model, prompt, salt, mode: str, max_tokens: int) -
     kv = {"ucm_chunk_lengths": chunk_lengths}
     if mode == "full":
         kv["ucm_disable_blend"] = True
-    extra = {} if mode == "plain" else {"cache_salt": salt, "kv_transfer_params": kv}
+    extra = {"cache_salt": salt} if mode == "plain" else {"cache_salt": salt, "kv_transfer_params": kv}
     start = time.perf_counter()
     ttft, text = None, ""
     stream = await client.completions.create(model=model, prompt=token_ids, max_tokens=max_tokens, temperature=0,
@@ -93,7 +94,10 @@ async def run_phase(client, model, prompts, concurrency: int, tag: str, mode: st
         async with sem:
             # Blend requests share one tenant (the indexing one): chunk KV is shared only within a
             # tenant. Blend-off requests get a salt each, so no cache serves them.
-            return await one_request(client, model, prompt, TENANT if mode == "blend" else f"{tag}-{i}", mode, max_tokens)
+            # Plain vLLM's requests share a salt per phase: its prefix cache serves what the phase's
+            # requests share, not the same prompts of an earlier phase.
+            salt = TENANT if mode == "blend" else tag if mode == "plain" else f"{tag}-{i}"
+            return await one_request(client, model, prompt, salt, mode, max_tokens)
 
     start = time.perf_counter()
     results = await asyncio.gather(*(guarded(i, ids) for i, ids in enumerate(prompts)))

@@ -350,9 +350,14 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
+HEADLINE_SERVE = "serve_bench_c4_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_bf16.json", "Serving under load in bfloat16 against plain vLLM (2026-11-28, an eleventh session, "
+     "AVX-512-BF16 host, nothing else running; plain vLLM's requests share a cache_salt per phase)",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_bf16.json"),
     ("serve_bench_c4_short_regions.json", "Serving under load, concurrency 4, with the load buffers reused and only "
      "short regions first (2026-11-27, a third session on an AVX-512 host, right after the RAG stream runs below)",
      "python benchmarks/serve_bench.py --concurrency 4 --out benchmarks/results/serve_bench_c4_short_regions.json"),
@@ -624,7 +629,7 @@ LATEST = [
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
-    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_short_regions.json"),
+    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
@@ -906,7 +911,7 @@ def with_baseline(data: dict, baseline: dict | None) -> dict:
 def headline() -> str:
     """The README's small table: serving under load and the 100-question quality run."""
     rows = ["| measured on | Blend 0.15 | Blend off | gain |", "|---|---|---|---|"]
-    serve = RESULTS / SERVE_RUN[0]
+    serve = RESULTS / HEADLINE_SERVE
     if serve.is_file():
         data = json.loads(serve.read_text())
         by = {(r["mode"], r["concurrency"]): r for r in data["phases"]}

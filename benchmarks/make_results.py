@@ -63,6 +63,18 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_ratio03_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct at ratio 0.3 on the 40 held-out generated questions "
+     "of qwen15_rules_gen20_59.json (questions 20-59), bfloat16, the query rule (a fault storm shared the cores: "
+     "TTFTs rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --skip-questions 20 --num-questions 40 --sweep --ratios 0.3 --selections query --no-plot "
+     "--out benchmarks/results/qwen15_ratio03_gen20_59.json"),
+    ("qwen15_rules_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct on 40 held-out generated questions (20-59, never used "
+     "to choose a setting), the query rule against HKVD at 0.15, bfloat16 (a fault storm shared the cores for part "
+     "of the run: TTFTs rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 --max-tokens 4 "
+     "--kl-tokens 1 --skip-questions 20 --num-questions 40 --sweep --ratios 0.15 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen15_rules_gen20_59.json"),
     ("qwen15_gradual_gen20.json", "Gradual filtering on Qwen2.5-Coder-1.5B-Instruct (the 20 generated questions of "
      "qwen15_rules_gen20.json, bfloat16, query rule): 0.3 at check layer 1 narrowed to 0.15 at layer 4 (its "
      "'blend 0.3'); one check layer at 0.15: qwen15_rules_gen20.json",
@@ -607,11 +619,12 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen05_long_generated4.json"]
+HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen15_rules_gen20_59.json", "qwen05_long_generated4.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_rules_gen20_59.json"),
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),

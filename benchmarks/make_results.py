@@ -652,6 +652,7 @@ LATEST = [
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
     ("Where Blend pays: one request, k of 10 passages cached (Qwen2.5-Coder-0.5B-Instruct)", "qwen05_hit_threshold.json"),
+    ("A storm of faults through ucm-vllm serve", "fault_storm.json"),
     ("Store under faults", "store_faults.json"),
 ]
 PROFILE_RUNS = [
@@ -659,6 +660,8 @@ PROFILE_RUNS = [
      "python benchmarks/profile_stream.py --out benchmarks/results/profile_fresh_blend.json -- --fresh --servers blend "
      "--num-requests 10 --warmup 1 --concurrency 2"),
 ]
+STORM_RUN = ("fault_storm.json", "python benchmarks/fault_storm.py --generated --num-questions 16 --faults 100 "
+             "--max-rounds 8 --out benchmarks/results/fault_storm.json")
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUNS = [
     ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "
@@ -1055,6 +1058,25 @@ def paired_table(base: dict, new: dict, pairs) -> str:
     return "\n".join(lines)
 
 
+def storm_table(data: dict) -> list[str]:
+    """A fault_storm.py run: per round, the faults injected and whether every answer was plain vLLM's."""
+    audit = data.get("audit", {})
+    lines = [f"{data['model']}, {data['dtype']}, {data['questions']} questions (~{data['mean_prompt_tokens']:.0f} "
+             f"tokens), concurrency {data['concurrency']}, Blend at ratio 1.0; faults `{data['shares']}`. "
+             f"**{data.get('faults', '-')} faults injected, {data.get('answered', '-')} of {data.get('requests', '-')} "
+             f"requests answered, {data.get('same_as_plain', '-')} as plain vLLM; audit: {audit.get('compared', '-')} "
+             f"exact blocks compared, {len(audit.get('bad', []))} bad.**", "",
+             "| round | faults | injected by stage | answered | as plain vLLM | blended | fallbacks |",
+             "|---|---|---|---|---|---|---|"]
+    for r in data["rounds"]:
+        stages = ", ".join(f"{k} {v}" for k, v in sorted(r["injected"].items())) or "-"
+        falls = ", ".join(f"{k.removeprefix('blend_fallbacks_')} {v}" for k, v in r["counters"].items()
+                          if k.startswith("blend_fallbacks_")) or "-"
+        lines.append(f"| {r['round']} | {'on' if r['faults_on'] else 'off'} | {stages} | {r['answered']}/{r['requests']} "
+                     f"| {r['same_as_plain']} | {r['counters'].get('blended_requests', 0)} | {falls} |")
+    return lines
+
+
 def profile_table(data: dict) -> list[str]:
     """A profile_stream.py run: each vLLM process's samples by part, and the connector's heaviest entry points."""
     over = f" over {data['duration_s']:.0f} s" if data.get("duration_s") else ""
@@ -1129,6 +1151,9 @@ def sections() -> list[tuple[str, list[str]]]:
                             hit_threshold_table))
     for name, title, command in PROFILE_RUNS:
         out.append(_section(title, f"`{command}`", name, profile_table))
+    name, command = STORM_RUN
+    out.append(_section("A storm of faults through ucm-vllm serve", f"`{command}` -> `benchmarks/results/{name}`",
+                        name, storm_table))
     name, command = FAULTS_RUN
     out.append(_section("Store under faults", f"`{command}` -> `benchmarks/results/{name}`", name,
                         lambda data: [faults_table(data)]))

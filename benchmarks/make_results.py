@@ -63,6 +63,12 @@ EVAL_RUNS = [
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
 QUALITY_RUNS = [
+    ("qwen15_span4_gen20_59.json", "An experiment not kept: the query rule's attention mass averaged over a 9-token "
+     "window before the top-k (a patch to blend_forward._scores, UCM_EXP_SPAN=4), Qwen2.5-Coder-1.5B-Instruct on the "
+     "40 held-out generated questions of qwen15_rules_gen20_59.json",
+     f"UCM_EXP_SPAN=4 {_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
+     "--max-tokens 4 --kl-tokens 1 --skip-questions 20 --num-questions 40 --sweep --ratios 0.15 --selections query "
+     "--no-plot --out benchmarks/results/qwen15_span4_gen20_59.json (with the patch described in research.md)"),
     ("qwen15_ratio03_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct at ratio 0.3 on the 40 held-out generated questions "
      "of qwen15_rules_gen20_59.json (questions 20-59), bfloat16, the query rule (a fault storm shared the cores: "
      "TTFTs rough)",

@@ -172,31 +172,11 @@ def main(argv=None) -> int:
         wait_healthy(url, proc)
         asyncio.run(answers(url, [(p, "blend") for p in index], args.concurrency, 1))
         total = Counter()
-        for r, prompts in enumerate(rounds):
-            storm = r < len(rounds) - 1 and sum(total.values()) < args.faults
-            if not storm:
-                prompts, r = rounds[-1], len(rounds) - 1  # the round with the faults off
-            faults_file.write_text(args.shares.replace(",", " ") if storm else "")
-            log.flush()
-            start, before = log_path.stat().st_size, counters(url)
-            texts = asyncio.run(answers(url, prompts, args.concurrency, args.max_tokens))
-            time.sleep(1.0)  # the last step's dumps and logs
-            log.flush()
-            faults, after = injected(log_path, start), counters(url)
-            total += faults
-            delta = {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v != before.get(k, 0.0)}
-            row = {"round": r, "faults_on": storm, "requests": len(texts), "answered": sum(t is not None for t in texts),
-                   "same_as_plain": sum(a == b for a, b in zip(texts, plain[r])),
-                   "different": [(i, prompts[i][1]) for i, (a, b) in enumerate(zip(texts, plain[r])) if a != b],
-                   "injected": dict(faults), "counters": delta}
-            results["rounds"].append(row)
-            out.write_text(json.dumps(results, indent=1))
-            print(f"round {r} ({'faults on' if storm else 'faults off'}): {row['same_as_plain']}/{row['requests']} "
-                  f"as plain vLLM, {sum(faults.values())} faults {dict(faults)}, blended "
-                  f"{delta.get('blended_requests', 0)}, fallbacks "
-                  f"{ {k: v for k, v in delta.items() if k.startswith('blend_fallbacks_')} }", flush=True)
-            if not storm:
+        for r in range(len(rounds) - 1):  # faults on until enough were injected, then a round with them off
+            total += run_round(url, rounds, plain, r, args, faults_file, log, log_path, results, out, storm=True)
+            if sum(total.values()) >= args.faults:
                 break
+        run_round(url, rounds, plain, len(rounds) - 1, args, faults_file, log, log_path, results, out, storm=False)
         stop_server(proc)
         proc = None
         results["audit"] = audit(store, rounds, index, args, model, out)
@@ -217,6 +197,31 @@ def main(argv=None) -> int:
         log.close()
         subprocess.run(["rm", "-rf", store, str(faults_file)], check=False)
     return 0
+
+
+def run_round(url, rounds, plain, r, args, faults_file: Path, log, log_path: Path, results: dict, out: Path,
+              storm: bool) -> Counter:
+    """Round r's prompts with the faults on (`storm`) or off; appends its row; the faults it injected."""
+    prompts = rounds[r]
+    faults_file.write_text(args.shares.replace(",", " ") if storm else "")
+    log.flush()
+    start, before = log_path.stat().st_size, counters(url)
+    texts = asyncio.run(answers(url, prompts, args.concurrency, args.max_tokens))
+    time.sleep(1.0)  # the last step's dumps and logs
+    log.flush()
+    faults, after = injected(log_path, start), counters(url)
+    delta = {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v != before.get(k, 0.0)}
+    row = {"round": r, "faults_on": storm, "requests": len(texts), "answered": sum(t is not None for t in texts),
+           "same_as_plain": sum(a == b for a, b in zip(texts, plain[r])),
+           "different": [(i, prompts[i][1]) for i, (a, b) in enumerate(zip(texts, plain[r])) if a != b],
+           "injected": dict(faults), "counters": delta}
+    results["rounds"].append(row)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"round {r} ({'faults on' if storm else 'faults off'}): {row['same_as_plain']}/{row['requests']} "
+          f"as plain vLLM, {sum(faults.values())} faults {dict(faults)}, blended "
+          f"{delta.get('blended_requests', 0)}, fallbacks "
+          f"{ {k: v for k, v in delta.items() if k.startswith('blend_fallbacks_')} }", flush=True)
+    return faults
 
 
 def audit(store: str, rounds, index, args, model: str, out: Path) -> dict:

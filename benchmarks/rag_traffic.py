@@ -447,6 +447,7 @@ def summarize(records, wall_s: float, high_hit: set[int] | None, instances: int 
 def finish(results: dict) -> None:
     """Summaries of every run (plain's high-hit requests: those of the Blend run at its load) and speed-ups."""
     runs = {(r["server"], r["load"]): r for r in results["runs"]}
+    schedule = MountSchedule.parse(results["config"].get("mount") or "")
     for (server, load), run in runs.items():
         blend = runs.get(("blend", load))
         run["summary"].update(summarize(run["records"], run["wall_s"],
@@ -456,7 +457,6 @@ def finish(results: dict) -> None:
         run["summary"].update(alone_summary(run["records"], run.get("alone_same_misses"), "alone_same_misses"))
         if server == "blend" and (plain := runs.get(("plain", load))):
             run["summary"].update(kl_summary(run["records"], plain["records"]))
-        schedule = MountSchedule.parse(results["config"].get("mount") or "")
         if schedule.window:
             run["summary"].update(window_summary(run["records"], schedule.at, schedule.duration))
     results["speedup"] = {load: {"requests_per_s": b["summary"]["requests_per_s"] / p["summary"]["requests_per_s"],

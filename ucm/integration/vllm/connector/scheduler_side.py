@@ -11,8 +11,9 @@ beside the scheduled row, under a per-step cap of its own (docs/serving.md).
 This module answers vLLM's scheduler-side connector calls and admits blend requests under the step
 cap; the parts live beside it: `store_view` (lookups, dumps awaiting confirmation, records the
 scheduler writes), `request_lookup` (a request looked up and planned), `request_state` (a
-request's lifecycle and report), `request_plan` (chunks, region, loads), `dump_plan` (what is stored after a step), `approximate_hashes` (prefix-cache
-hygiene), `background_chunks` (missed chunks computed alone).
+request's lifecycle and report), `request_plan` (chunks, region, loads), `dump_plan` (what is
+stored after a step), `approximate_hashes` (prefix-cache hygiene), `background_chunks` (missed
+chunks computed alone).
 """
 
 from __future__ import annotations
@@ -168,16 +169,13 @@ class SchedulerSide:
         else:
             try:
                 inject("lookup")
-                state = self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)),
-                                         num_computed_tokens, resumed)
+                state = self._plan(request, num_computed_tokens, resumed)
             except Exception as exc:  # a cache fault must not take the engine down: vLLM computes it
                 state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
                 return None, False
         if state.blending:
-            if (self.hold_over is not None and state.work > self.hold_over) or self._step_work and (
-                    self._step_work + state.work > self.admit_cap
-                    or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap):
+            if self._waits_a_step(state):
                 self.stats.add("blend_deferrals")
                 self._deferred[request.request_id] = (num_computed_tokens, state)
                 return None, False  # this step's Blend work is full: next step (vLLM keeps its place)
@@ -200,11 +198,23 @@ class SchedulerSide:
             return 0
         state = self._held_plan(request.request_id, 0)
         if state is None:
-            state = self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), 0, None)
+            state = self._plan(request, 0, None)
             if state is None:
                 return 0  # waits for this engine's dumps
             self._deferred[request.request_id] = (0, state)
         return max(1, state.work) if state.blending else 0
+
+    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
+        return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), num_computed_tokens,
+                                resumed)
+
+    def _waits_a_step(self, state: RequestState) -> bool:
+        """Whether a blend request is deferred a step: held behind a shorter job (`hold_over`), or
+        this step's Blend work is full (the first blend request of a step always fits)."""
+        if self.hold_over is not None and state.work > self.hold_over:
+            return True
+        return bool(self._step_work) and (self._step_work + state.work > self.admit_cap
+                                          or self._step_staged + state.staged > STAGED_PER_ROW * self.step_cap)
 
     def _held_plan(self, req_id: str, num_computed_tokens: int) -> RequestState | None:
         held = self._deferred.get(req_id)

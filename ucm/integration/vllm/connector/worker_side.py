@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+
 import torch
 
 from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, RegionRows

@@ -60,3 +60,40 @@ def test_a_mount_whose_reads_hang_costs_one_timeout_then_blending_resumes(engine
             forget_local_prefix_cache(llm)
             again = run(llm, reordered)
         assert again.report["blended"] and again.report["fallback"] is None, again.report
+
+
+def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_factory, model_dir, plain_llm, tmp_path):
+    """Exact-prefix loads complete between steps (async_prefix_loads): while one request's read
+    hangs on the mount, a request that arrived with it is prefilled and answered; after release
+    the first is answered from its loaded prefix. Both as plain vLLM answers them."""
+    from blend_helpers import params, result
+    from ucm.integration.vllm.llm import ucm_transfer_config
+
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
+        store = {"load_timeout_s": 120.0, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 120.0}
+        llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(mount.mountpoint, store_options=store),
+                             disable_log_stats=False)
+        cached, _ = prompts(llm, seed=950)
+        new, _ = prompts(llm, seed=951)
+        run(llm, cached)  # its blocks stored as exact KV
+        wait_until_stable(tmp_path / "server")
+        forget_local_prefix_cache(llm)
+
+        mount.set(hang=["open", "read"])
+        engine = llm.llm_engine
+        engine.add_request("cached", {"prompt_token_ids": cached}, params())
+        engine.add_request("new", {"prompt_token_ids": new}, params())
+        outs, deadline = {}, time.monotonic() + 120
+        while "new" not in outs:
+            outs.update({o.request_id: o for o in engine.step() if o.finished})
+            assert time.monotonic() < deadline, "the request without stored KV waited for the hung read"
+        assert "cached" not in outs  # still waiting for its read
+        mount.set()
+        while "cached" not in outs:
+            outs.update({o.request_id: o for o in engine.step() if o.finished})
+            assert time.monotonic() < deadline
+        got = result(outs["cached"])
+        assert got.report["external_prefix_tokens"] > 0, got.report
+        assert_same(got, run(plain_llm, cached))
+        assert_same(result(outs["new"]), run(plain_llm, new))
+        assert ucm_counters(llm.get_metrics()).get("background_loads", 0) >= 1

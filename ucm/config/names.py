@@ -10,7 +10,9 @@ from ucm.sparse.blend.vocabulary import Selection
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"  # both the env var and the key inside the extra config
 EXTRA_NAME = "kv_connector_extra_config"
 # Top-level keys this module understands; anything else is kept in `UCMConfig.extra` and warned about.
-KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY})
+# Exact-prefix loads complete between steps, vLLM's WAITING_FOR_REMOTE_KVS path (background_loads.py).
+ASYNC_PREFIX_LOADS_KEY = "async_prefix_loads"
+KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY, ASYNC_PREFIX_LOADS_KEY})
 # Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
 # config written for UCM runs unchanged.
 UCM_NO_EFFECT_TOP_LEVEL_KEYS = frozenset({"load_only_first_rank", "use_layerwise", "metrics_config_path"})

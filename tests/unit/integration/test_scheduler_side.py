@@ -920,3 +920,64 @@ def test_worker_reports_aggregate_the_longest_store_down_time():
     merged = UCMWorkerReport(store_down_s=2.0).aggregate(UCMWorkerReport(store_down_s=5.0))
     assert merged.store_down_s == 5.0 and not merged.is_empty()
     assert UCMWorkerReport().is_empty()
+
+
+def store_exact(side, tokens, num_blocks):
+    """Stores the first `num_blocks` blocks of `tokens` as exact KV."""
+    hashes = request(side, "x", tokens).block_hashes[:num_blocks]
+    keys = [side.view.space.key(KeyKind.EXACT, h) for h in hashes]
+    assert all(side.store.wait(side.store.dump(keys, [np.zeros(64 * BS, dtype=np.uint8)] * len(keys),
+                                               [BS] * len(keys))))
+    return keys
+
+
+def test_an_exact_prefix_alone_is_read_between_steps(tmp_path):
+    """vLLM parks the request (load_kv_async) while its exact blocks are read; the step that starts
+    the read is not a sync-load step, and the request's first scheduled step loads nothing again."""
+    side = side_for(tmp_path, admission=STORE_ALL)
+    tokens = prompt(1)
+    keys = store_exact(side, tokens, 3)
+    req = request(side, "a", tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)
+    new = admit(side, req, 12)  # allocated; vLLM schedules nothing for it yet
+    meta, out = step(side, [], {})
+    (s,) = meta.requests
+    assert s.load_async and [ld.key for ld in s.prefix_loads] == keys and [ld.start for ld in s.prefix_loads] == [0, 4, 8]
+    assert s.num_scheduled_tokens == 0 and not out.has_sync_kv_loads
+    meta, out = step(side, [], {})  # still loading: nothing more to start
+    assert not meta.requests
+    meta, out = step(side, [new], {"a": len(tokens) - 12})  # received: scheduled from its first computed token
+    (s,) = meta.requests
+    assert not s.prefix_loads and not s.load_async and not out.has_sync_kv_loads
+    assert [d.start for d in s.dumps] == [12, 16]  # the blocks it computes are stored as usual
+    assert side.request_finished(req)["ucm"]["external_prefix_tokens"] == 12
+
+
+def test_exact_prefix_loads_stay_in_step_when_turned_off(tmp_path):
+    side = side_for(tmp_path, admission=STORE_ALL)
+    side.async_loads = False
+    tokens = prompt(1)
+    store_exact(side, tokens, 3)
+    req = request(side, "a", tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (12, False)
+    meta, out = step(side, [admit(side, req, 12)], {"a": len(tokens) - 12})
+    (s,) = meta.requests
+    assert [ld.start for ld in s.prefix_loads] == [0, 4, 8] and not s.load_async and out.has_sync_kv_loads
+
+
+def test_a_request_whose_background_read_failed_stores_nothing(tmp_path):
+    """The worker reported the read failed (vLLM computes from the failed block): nothing of the
+    request is dumped afterwards, as after a failed load inside a step."""
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path, admission=STORE_ALL)
+    tokens = prompt(1)
+    store_exact(side, tokens, 3)
+    req = request(side, "a", tokens)
+    side.get_num_new_matched_tokens(req, 0)
+    new = admit(side, req, 12)
+    step(side, [], {})
+    side.take_report(UCMWorkerReport(load_failed={"a"}))
+    new.num_computed_tokens = 4  # truncated to before the failed block
+    meta, _ = step(side, [new], {"a": len(tokens) - 4})
+    assert not any(r.dumps or r.prefix_loads for r in meta.requests)

@@ -21,6 +21,22 @@ from ucm.sparse.blend.vocabulary import Selection
 BLEND_MODELS_BUILT: list[str] = []
 
 
+def require_blend_models(architectures) -> None:
+    """Refuses Blend at start-up when this process did not build the Blend model class.
+
+    vLLM's own forward computes only the scheduled token of a blend request: its region
+    (misses, question, recomputed share) would stay stale and be stored as if computed.
+    """
+    if BLEND_MODELS_BUILT:
+        return
+    raise ValueError(
+        f"ucm_sparse_config.Blend is configured but the model ({architectures}) was not built with the Blend "
+        "forward (ucm.integration.vllm.blend.models), so blended regions would never be computed. Cause: "
+        "UCM_BLEND_NO_MODELS=1, or VLLM_PLUGINS excluding 'ucm', or a model_class_overrides entry. Fix: unset "
+        "UCM_BLEND_NO_MODELS and let the 'ucm' plugin load, or remove ucm_sparse_config.Blend to use the "
+        "store for prefix offload only.")
+
+
 class Counters(Protocol):
     """The worker's counters as the forward sees them (the connector's UCMConnectorStats)."""
 

@@ -86,6 +86,9 @@ class RequestStep:
     chunk_loads: list[BlockLoad] = field(default_factory=list)  # chunk KV inside `blend`'s region
     dumps: list[BlockDump] = field(default_factory=list)
     blend: BlendRegion | None = None  # the step that blends this request (its first)
+    # Its prefix_loads complete between steps (vLLM's WAITING_FOR_REMOTE_KVS): nothing is scheduled
+    # for it until the worker lists it as received.
+    load_async: bool = False
 
     @property
     def blending(self) -> bool:

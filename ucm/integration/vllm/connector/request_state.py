@@ -24,6 +24,7 @@ class Phase(enum.Enum):
 
     PLANNED = "planned"  # looked up and planned; vLLM has not allocated its blocks
     ALLOCATED = "allocated"  # blocks allocated; its first step (loads, Blend region) not yet handed over
+    LOADING = "loading"  # blocks allocated, its exact prefix read between steps; nothing scheduled yet
     STEPPED = "stepped"  # its first step was handed to the workers; later steps only dump
 
 
@@ -38,6 +39,8 @@ class RequestState:
     prefix_external: int  # exact prefix tokens loaded from the store
     blend_end: int  # the Blend region is [plan.prefix_tokens, blend_end); empty: no blend
     phase: Phase = Phase.PLANNED
+    local_tokens: int = 0  # prompt tokens vLLM's own prefix cache held when it asked (before prefix_external)
+    loads_between_steps: bool = False  # its exact prefix is read between steps (vLLM's async load path)
     ratio: float | None = None
     selection: str | None = None
     chunk_start_tokens: int = 0

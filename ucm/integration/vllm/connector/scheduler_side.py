@@ -81,6 +81,8 @@ class SchedulerSide:
         self.hashes = ApproximateHashes()  # blended blocks' hashes, salted
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
+        self.async_loads = config.async_prefix_loads
+        self._loads_to_start: list[RequestState] = []  # allocated this step, their exact prefix read between steps
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
         self.adapters = AdapterDigests()  # LoRA adapters' content digests, for their requests' keys
@@ -186,7 +188,13 @@ class SchedulerSide:
         elif resumed is not None:
             self._fall_back(state, "preempted")  # its chunk KV is gone from the store: computed in full
         self._states[request.request_id] = state
-        return state.blend_end - num_computed_tokens if state.blending else state.prefix_external, False
+        if state.blending:
+            return state.blend_end - num_computed_tokens, False
+        state.local_tokens = num_computed_tokens
+        # An exact prefix alone is read between steps while the others run; a Blend region's loads
+        # feed the step's forward.
+        state.loads_between_steps = self.async_loads and state.prefix_external > 0 and resumed is None
+        return state.prefix_external, state.loads_between_steps
 
     def planned_blend_work(self, request: Request) -> int:
         """Plans a waiting request before vLLM asks about it: the rows its Blend region would run
@@ -238,6 +246,9 @@ class SchedulerSide:
         self._resumed.pop(request.request_id, None)
         state.block_ids = list(blocks.get_block_ids()[0])
         state.num_external = num_external_tokens
+        if state.loads_between_steps and num_external_tokens:  # vLLM parks it in WAITING_FOR_REMOTE_KVS
+            state.phase = Phase.LOADING
+            self._loads_to_start.append(state)
         if state.blending:
             self._step_work += state.work
             self._step_staged += state.staged
@@ -253,6 +264,11 @@ class SchedulerSide:
                 # Its blocks were freed under their request-unique hashes and stay in vLLM's cache
                 # until evicted; back to the exact hashes, so its next lookup cannot match them.
                 self.hashes.restore(state.request)
+        for state in self._loads_to_start:
+            meta.requests.append(RequestStep(state.request.request_id, state.block_ids, state.local_tokens, 0,
+                                             prefix_loads=self._prefix_loads(state, state.local_tokens),
+                                             load_async=True))
+        self._loads_to_start = []
         for new in scheduler_output.scheduled_new_reqs:
             state = self._states.get(new.req_id)
             if state is None:
@@ -279,7 +295,7 @@ class SchedulerSide:
                 step = self._new_request_step(state, num_computed, num_scheduled)
             if step is not None:
                 meta.requests.append(step)
-        if any(r.prefix_loads or r.chunk_loads or r.blend for r in meta.requests):
+        if any((r.prefix_loads and not r.load_async) or r.chunk_loads or r.blend for r in meta.requests):
             # Loads must land before this step's forward (vLLM then calls start_load_kv first).
             scheduler_output.has_sync_kv_loads = True
         self._step_work = self._step_staged = 0
@@ -315,15 +331,15 @@ class SchedulerSide:
         return keys is None or self.view.stored(keys, block_hash)
 
     def _new_request_step(self, state: RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
-        bs = self.block_size
         step = RequestStep(state.request.request_id, state.block_ids, num_computed, num_scheduled)
         if state.phase is Phase.STEPPED:  # resumed without a new plan (V2 runner: among the new requests)
             step.dumps = self._dumps(state, num_computed + num_scheduled)
             return step if step.dumps else None
+        loaded_between_steps = state.phase is Phase.LOADING
         state.phase = Phase.STEPPED
         if not state.preemptions:
             self.lookup.record_sightings(state)
-        local = num_computed - state.num_external
+        local = state.local_tokens if loaded_between_steps else num_computed - state.num_external
         if state.preemptions:
             self.stats.add("blend_preemptions")
         else:
@@ -337,9 +353,8 @@ class SchedulerSide:
                 self._fall_back(state, state.fallback)
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
-        hashes = self.hashes.original(state.request)
-        for b in range(local // bs, (local + state.prefix_external) // bs):
-            step.prefix_loads.append(BlockLoad(state.keys.key(KeyKind.EXACT, hashes[b]), b * bs, bs))
+        if not loaded_between_steps:
+            step.prefix_loads = self._prefix_loads(state, local)
         plan = state.plan
         if state.blending:
             start = local + state.prefix_external
@@ -363,6 +378,12 @@ class SchedulerSide:
                 step.chunk_loads = chunk_loads(loaded, state.keys, self.view)
         step.dumps = self._dumps(state, num_computed + num_scheduled)
         return step if (step.prefix_loads or step.blend or step.dumps) else None
+
+    def _prefix_loads(self, state: RequestState, local: int) -> list[BlockLoad]:
+        """The request's exact prefix blocks after vLLM's local hit of `local` tokens."""
+        bs, hashes = self.block_size, self.hashes.original(state.request)
+        return [BlockLoad(state.keys.key(KeyKind.EXACT, hashes[b]), b * bs, bs)
+                for b in range(local // bs, (local + state.prefix_external) // bs)]
 
     def _fall_back(self, state: RequestState, reason: str) -> None:
         fall_back(state, reason, self.stats)

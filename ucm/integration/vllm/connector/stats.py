@@ -58,6 +58,7 @@ COUNTERS: dict[str, str] = {
     # worker
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
+    "background_loads": "Requests whose exact prefix was read between steps while the others ran (async_prefix_loads)",
     "load_timeout_blocks": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
     "blend_errors": "Steps whose load, rotation or Blend forward raised (their requests computed by vLLM instead)",
     "dump_errors": "Steps whose dumps raised (nothing of the step stored)",

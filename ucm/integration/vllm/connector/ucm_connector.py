@@ -206,7 +206,7 @@ class UCMConnector(KVConnectorBase_V1):
         self._worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are synchronous and finish in start_load_kv, before the forward
+        return  # a step's loads finish in start_load_kv, before the forward; exact prefixes alone between steps
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         return  # whole blocks are gathered after the forward, in wait_for_save
@@ -221,9 +221,10 @@ class UCMConnector(KVConnectorBase_V1):
         return self._worker.get_block_ids_with_load_errors() if self._worker else set()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._worker is not None:
-            self._worker.forget(finished_req_ids)
-        return None, None
+        if self._worker is None:
+            return None, None
+        self._worker.forget(finished_req_ids)
+        return None, self._worker.received() or None
 
     def build_connector_worker_meta(self) -> UCMWorkerReport | None:
         return self._worker.build_report() if self._worker else None

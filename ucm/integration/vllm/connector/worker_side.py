@@ -14,9 +14,10 @@ import time
 
 import torch
 
-from ucm.integration.vllm.blend_step import BLEND_MODELS_BUILT, BlendStep, RegionRows
+from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend_models
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
+from ucm.integration.vllm.connector.background_loads import BackgroundLoads, bytes_view
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
@@ -74,6 +75,7 @@ class WorkerSide:
         self._blend_requests: list[RequestStep] = []  # the requests of this step's Blend step
         self._errors = ErrorLog(logger)
         self._buffers = ReusedBuffers(2 * self.block_size)
+        self._background = BackgroundLoads(store, getattr(config, "load_timeout_s", None))  # exact prefixes
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self.rotation = None if check_layer is None else KeyRotation.for_model(
             vllm_config, lambda shape, dtype: self._buffers.get("rope", shape, dtype))
@@ -102,20 +104,8 @@ class WorkerSide:
         self._device = self.caches[0].device
 
     def check_blend_forward(self) -> None:
-        """Refuse Blend at start-up when this process did not build the Blend model class.
-
-        vLLM's own forward computes only the scheduled token of a blend request: its region
-        (misses, question, recomputed share) would stay stale and be stored as if computed.
-        """
-        if self.check_layer is None or BLEND_MODELS_BUILT:
-            return
-        arch = getattr(self.vllm_config.model_config, "architectures", None)
-        raise ValueError(
-            f"ucm_sparse_config.Blend is configured but the model ({arch}) was not built with the Blend forward "
-            "(ucm.integration.vllm.blend.models), so blended regions would never be computed. Cause: "
-            "UCM_BLEND_NO_MODELS=1, or VLLM_PLUGINS excluding 'ucm', or a model_class_overrides entry. Fix: unset "
-            "UCM_BLEND_NO_MODELS and let the 'ucm' plugin load, or remove ucm_sparse_config.Blend to use the "
-            "store for prefix offload only.")
+        if self.check_layer is not None:
+            require_blend_models(getattr(self.vllm_config.model_config, "architectures", None))
 
     def store_key(self, key: StoreKey) -> StoreKey:
         """The key of this rank's shard of a block."""
@@ -134,6 +124,11 @@ class WorkerSide:
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
         self._blend_requests = []
+        background = [req for req in meta.requests if req.load_async]
+        if background:  # read between steps; no rank waits for another over them (vLLM unions the failures)
+            for req in background:
+                self._start_background(req)
+            meta = UCMConnectorMetadata([req for req in meta.requests if not req.load_async])
         self._agreement.begin_step()
         failed: Exception | None = None
         try:
@@ -183,7 +178,7 @@ class WorkerSide:
             destinations.append(whole[at:at + ld.num_tokens])
             at += ld.num_tokens
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
-        task = self.store.load(keys, [_bytes_view(d) for d in destinations])
+        task = self.store.load(keys, [bytes_view(d) for d in destinations])
         waited = time.perf_counter()
         ok = self._agreement.loaded(len(keys), self.store.wait(task))
         if ok is None:
@@ -235,6 +230,28 @@ class WorkerSide:
         elapsed = time.perf_counter() - start
         self.stats.add("load_seconds", elapsed)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
+
+    def _start_background(self, req: RequestStep) -> None:
+        loads = req.prefix_loads
+        self._background.start(req.req_id, [self.store_key(ld.key) for ld in loads],
+                               [self.block_tensor(ld.num_tokens) for ld in loads],
+                               [self._slots(req, ld.start, ld.num_tokens) for ld in loads],
+                               [req.block_ids[ld.start // self.block_size] for ld in loads])
+
+    def received(self) -> set[str]:
+        """Requests whose exact prefix, read between steps, is in place (or failed: its failed
+        blocks are reported as load errors in this same step, as vLLM requires)."""
+        if not len(self._background):
+            return set()
+        got = self._background.poll(self._place_exact)
+        self._failed_block_ids |= got.failed_block_ids
+        for req_id in got.failed_req_ids:
+            self._distrust(req_id)
+        self.stats.add("loaded_blocks", got.loaded_blocks)
+        self.stats.add("load_bytes", got.loaded_bytes)
+        self.stats.add("failed_blocks", len(got.failed_block_ids))
+        self.stats.add("background_loads", len(got.req_ids))
+        return got.req_ids
 
     def _region_rows(self, req: RequestStep) -> RegionRows:
         region = req.blend
@@ -350,7 +367,7 @@ class WorkerSide:
             return
         inject("dump")
         buffers = [self._gather(req, d) for req, d in dumps]
-        task = self.store.dump([self.store_key(d.key) for _, d in dumps], [_bytes_view(b) for b in buffers],
+        task = self.store.dump([self.store_key(d.key) for _, d in dumps], [bytes_view(b) for b in buffers],
                                [d.num_tokens for _, d in dumps])
         self._pending.add(PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
         self.stats.add("dump_seconds", time.perf_counter() - start)
@@ -390,6 +407,7 @@ class WorkerSide:
         return taken
 
     def shutdown(self) -> None:
+        self._background.drop()
         self._reap_dumps(block=True)
         self.totals.aggregate(self.stats)
         logger.info("UCM worker totals: %s", self.totals.reduce())
@@ -400,7 +418,3 @@ class WorkerSide:
         positions = torch.arange(start, start + num_tokens, dtype=torch.long)
         return slots_for_positions(torch.tensor(req.block_ids, dtype=torch.long), positions, self.block_size)
 
-
-def _bytes_view(t: torch.Tensor):
-    """A writable uint8 numpy view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
-    return t.view(torch.uint8).numpy().reshape(-1)

@@ -1,0 +1,110 @@
+"""Exact-prefix loads that complete between steps: vLLM's asynchronous load path.
+
+A request whose stored KV is an exact prefix alone does not need the step's forward to wait for
+its reads. The scheduler answers `load_kv_async`, vLLM parks the request in
+WAITING_FOR_REMOTE_KVS with its blocks allocated, and the worker reads the blocks into buffers of
+its own while the other requests' steps run. Each step (`get_finished`) the finished reads are
+placed into the request's blocks and the request is listed as received; vLLM schedules it from
+the next step on. A block that fails, or is not read within the store's load deadline, is
+reported as a load error in that same step (vLLM then computes from there), and nothing of the
+request is stored afterwards. The reads land in private buffers and are placed only once
+verified, so a read abandoned at its deadline never writes into blocks vLLM may have given to
+another request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ucm.integration.vllm.faults import inject
+from ucm.store.base import KVStoreBase, Task
+
+# Writes one block read (its buffer) into its cache slots.
+Placement = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def bytes_view(t: torch.Tensor):
+    """A writable uint8 numpy view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
+    return t.view(torch.uint8).numpy().reshape(-1)
+
+
+@dataclass
+class _Load:
+    req_id: str
+    task: Task | None  # None: failed before any IO (every block fails)
+    buffers: list[torch.Tensor]  # one per block, [block tokens, layers, 2, heads, head size]
+    slots: list[torch.Tensor]  # each block's cache slots
+    block_ids: list[int]  # each block's id in vLLM's block table (reported on failure)
+    started: float
+
+
+@dataclass
+class Received:
+    """What the loads finished since the last poll hand back to vLLM."""
+
+    req_ids: set[str]  # listed in get_finished's received set
+    failed_block_ids: set[int]  # reported as load errors in the same step
+    failed_req_ids: set[str]  # requests with a failed block: nothing of them is stored
+    loaded_blocks: int
+    loaded_bytes: int
+
+
+class BackgroundLoads:
+    """The worker's in-flight exact-prefix loads, polled once a step."""
+
+    def __init__(self, store: KVStoreBase, deadline_s: float | None):
+        self.store = store
+        self.deadline_s = deadline_s  # the store's load_timeout_s; None: wait for ever
+        self._loads: dict[str, _Load] = {}
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+    def start(self, req_id: str, keys: Sequence, buffers: list[torch.Tensor], slots: list[torch.Tensor],
+              block_ids: list[int]) -> None:
+        """Starts reading `keys` into `buffers`; a store that raises fails every block (reported at
+        the next poll, so vLLM still hears of the request)."""
+        try:
+            inject("load")
+            task = self.store.load(list(keys), [bytes_view(b) for b in buffers])
+        except Exception:  # a cache fault must not take the engine down: vLLM computes the blocks
+            task = None
+        self._loads[req_id] = _Load(req_id, task, buffers, slots, block_ids, time.monotonic())
+
+    def poll(self, place: Placement) -> Received:
+        """Places every finished read (`place(buffer, slots)` per block read) and returns what
+        finished: loads still running stay, unless past the deadline (then they fail)."""
+        out = Received(set(), set(), set(), 0, 0)
+        now = time.monotonic()
+        for req_id, load in list(self._loads.items()):
+            if load.task is None:
+                ok = [False] * len(load.buffers)
+            elif self.store.check(load.task):
+                ok = self.store.wait(load.task)
+            elif self.deadline_s and now - load.started > self.deadline_s:
+                ok = self.store.wait(load.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
+            else:
+                continue
+            del self._loads[req_id]
+            out.req_ids.add(req_id)
+            for good, buf, slots, block_id in zip(ok, load.buffers, load.slots, load.block_ids):
+                if good:
+                    try:
+                        place(buf, slots)
+                    except Exception:  # not placed: computed by vLLM like a block that did not load
+                        good = False
+                if good:
+                    out.loaded_blocks += 1
+                    out.loaded_bytes += buf.numel() * buf.element_size()
+                else:
+                    out.failed_block_ids.add(block_id)
+                    out.failed_req_ids.add(req_id)
+        return out
+
+    def drop(self) -> None:
+        """Forgets every load (shutdown): their buffers are left to the store's abandoned tasks."""
+        self._loads.clear()

@@ -10,6 +10,7 @@ from ucm.sparse.blend.query_probe import (
     probe_query_mask,
     rows_after_loaded,
     query_weighted_score,
+    scored_layers,
 )
 
 
@@ -37,6 +38,47 @@ def test_attention_mass_matches_dense_reference(q_heads, kv_heads, chunk):
     assert got.sum().item() == pytest.approx(7 * q_heads, rel=1e-5)
     # Causal: nothing lands after the last query's position.
     assert got[40:].numel() == 0 and got[:40].min() >= 0
+
+
+def test_attention_mass_weighted_by_values_matches_dense_reference():
+    g = torch.Generator().manual_seed(7)
+    d, num_keys = 16, 30
+    q = torch.randn(5, 6, d, generator=g)
+    k = torch.randn(num_keys, 2, d, generator=g)
+    v = torch.randn(num_keys, 2, d, generator=g)
+    q_pos = torch.tensor([9, 20, 27, 28, 29])
+    scale = 1 / math.sqrt(d)
+    got = attention_mass(q, k, q_pos, scale, query_chunk=2, v=v)
+    kk = k.repeat_interleave(3, dim=1)
+    probs = (torch.einsum("mhd,nhd->hmn", q, kk) * scale).masked_fill(
+        ~(torch.arange(num_keys)[None, :] <= q_pos[:, None])[None], float("-inf")).softmax(-1)
+    v_norm = v.norm(dim=-1).repeat_interleave(3, dim=1).T  # [q_heads, keys]
+    torch.testing.assert_close(got, (probs * v_norm[:, None, :]).sum(dim=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_key_without_value_gets_no_weighted_mass():
+    """A token the heads look at but whose V is zero adds nothing to their output: it ranks last."""
+    q = torch.randn(3, 2, 8)
+    k = torch.randn(6, 1, 8)
+    k[2] = q[:, 0].mean(0, keepdim=True) * 10  # the heads look at key 2 most ...
+    v = torch.randn(6, 1, 8)
+    v[2] = 0  # ... and it carries nothing
+    plain = attention_mass(q, k, torch.tensor([5, 5, 5]), 1.0)
+    weighted = attention_mass(q, k, torch.tensor([5, 5, 5]), 1.0, v=v)
+    assert int(plain.argmax()) == 2 and weighted[2] == 0 and weighted.min() == 0
+
+
+def test_attention_mass_rejects_values_of_other_keys():
+    with pytest.raises(ValueError, match="v"):
+        attention_mass(torch.randn(2, 2, 8), torch.randn(5, 1, 8), torch.tensor([1, 2]), 1.0,
+                       v=torch.randn(4, 1, 8))
+
+
+def test_scored_layers_are_the_second_half_after_the_check_layer():
+    assert scored_layers(28, 1) == range(14, 28)  # Qwen2.5-1.5B
+    assert scored_layers(30, 1) == range(15, 30)  # SmolLM2-135M
+    assert scored_layers(24, 20) == range(21, 24)  # a deep check layer: the layers after it
+    assert scored_layers(2, 1) == range(2, 2)  # nothing after the last layer
 
 
 def test_attention_mass_is_causal_per_query():

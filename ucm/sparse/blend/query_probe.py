@@ -5,8 +5,13 @@ deviation that matters is spread thinly over the deep layers and the check layer
 overlaps it only by chance, so ranking by deviation alone often spends the budget on tokens the
 answer never looks at. The probe asks the question instead: the rows that follow the loaded
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
-loaded token gets the attention probability those rows give it (summed over layers, heads and
-rows). The selection ranks the loaded tokens by that attention alone. The top candidates by
+loaded token gets the attention probability those rows give it, weighted per head by the norm of
+its V and summed over heads, rows and the second half of the layers (`scored_layers`). The
+selection ranks the loaded tokens by that score alone. The early layers' attention is mostly
+local and positional, and tokens that absorb attention without carrying content (delimiters)
+have small V: counting either spent the budget on tokens the answer does not read, and left
+the passage holding the answer stale on Qwen2.5-1.5B (docs/research.md, "Where the question
+reads"). The top candidates by
 attention (CANDIDATE_FACTOR x the ratio) run the layers before the check layer, where the
 recomputation of the selected ones starts. The check layer's deviation does not weigh the
 ranking: multiplying by it left the passage that holds the answer stale on Qwen2.5-1.5B where
@@ -20,16 +25,29 @@ came late in the prompt (docs/research.md, "The query rule on a model that answe
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import torch
 
 from ucm.sparse.blend.hkvd import select_hkvd
 
 __all__ = ["attention_mass", "oracle_layer_score", "probe_candidates", "probe_query_mask",
-           "query_weighted_score", "rows_after_loaded"]
+           "query_weighted_score", "rows_after_loaded", "scored_layers"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
 # the last 16 or 32 rank as well as the whole question (KL to full prefill 0.060-0.061).
 MAX_PROBE_QUERIES = 32
+
+
+# The probe's attention counts from this share of the model's depth on (the check layer's next at
+# the earliest): where a model retrieves what the question asks for.
+SCORED_DEPTH = Fraction(1, 2)
+
+
+def scored_layers(num_layers: int, check_layer: int) -> range:
+    """The layers whose attention ranks the loaded tokens: from SCORED_DEPTH of the depth on,
+    after the check layer (the probe's rows run from the check layer on)."""
+    return range(max(check_layer + 1, int(SCORED_DEPTH * num_layers)), num_layers)
 
 
 # Candidates per selected token: the top `CANDIDATE_FACTOR * ratio` of a probed request's loaded tokens
@@ -43,7 +61,8 @@ _SCORE_BUDGET = 16 * 1024 * 1024
 
 
 def attention_mass(
-    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float, query_chunk: int | None = None
+    q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float, query_chunk: int | None = None,
+    v: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention probability each key receives, summed over queries and heads: ``[num_keys]`` float32.
 
@@ -52,12 +71,18 @@ def attention_mass(
     q_heads is a multiple of kv_heads). Queries go in chunks to bound the ``[heads, chunk, keys]``
     score buffer (by default as many as fit in 64 MiB). Sums rather than means, so partial sums
     over tensor-parallel head shards add up.
+
+    With ``v`` (``[num_keys, kv_heads, d]``) each head's probability is weighted by the norm of
+    the key's V in that head: the size of what the token adds to the head's output, not only how
+    much the head looks at it (tokens that absorb attention, such as delimiters, carry small V).
     """
     m, hq, d = q.shape
     num_keys, hkv, dk = k.shape
     if dk != d or hq % hkv:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: head sizes must match and "
                          "q_heads must be a multiple of kv_heads")
+    if v is not None and v.shape[:2] != (num_keys, hkv):
+        raise ValueError(f"v {tuple(v.shape)} must hold the {num_keys} keys' {hkv} heads")
     if q_pos.shape != (m,):
         raise ValueError(f"q_pos must be [{m}], got {tuple(q_pos.shape)}")
     if m and int(q_pos.max()) >= num_keys:
@@ -68,6 +93,7 @@ def attention_mass(
     kf = k.float().transpose(0, 1)  # [hkv, keys, d]
     key_pos = torch.arange(num_keys, device=k.device)
     mass = torch.zeros(num_keys, dtype=torch.float32, device=k.device)
+    v_norm = None if v is None else v.float().norm(dim=-1).transpose(0, 1)  # [hkv, keys]
     for s in range(0, m, query_chunk):
         qc = q[s:s + query_chunk].float()
         c = qc.shape[0]
@@ -78,7 +104,8 @@ def attention_mass(
         if lo < num_keys:
             hidden = key_pos[None, lo:] > pos[:, None]  # [c, keys - lo]
             scores[..., lo:].masked_fill_(hidden[None, :, None, :], float("-inf"))
-        mass += scores.softmax(dim=-1).sum(dim=(0, 1, 2))
+        probs = scores.softmax(dim=-1).sum(dim=(1, 2))  # [hkv, keys]
+        mass += probs.sum(0) if v_norm is None else (probs * v_norm).sum(0)
     return mass
 
 

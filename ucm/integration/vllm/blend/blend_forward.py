@@ -33,8 +33,8 @@ from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.gradual import narrowed
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
-from ucm.sparse.blend.query_probe import (probe_candidates, probe_query_mask,
-                                          query_weighted_score, rows_after_loaded)
+from ucm.sparse.blend.query_probe import (probe_candidates, probe_query_mask, query_weighted_score,
+                                          rows_after_loaded, scored_layers)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 
@@ -345,24 +345,26 @@ def _check_layer_kv(layer, hidden, residual, positions) -> tuple[torch.Tensor | 
 
 def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual, run_rows,
                           queries) -> torch.Tensor:
-    """Attention mass the question rows give each row of the batch, over the layers after the check layer.
+    """Attention mass the question rows give each row of the batch, weighted by each row's V norm,
+    over the deep layers that rank (query_probe.scored_layers).
 
-    `run_rows` (every row without loaded KV of the probed requests) go through those layers over
-    the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows are captured at
-    each attention layer and scored against the request's whole K (prefix included) read back
-    from the paged cache. Rows before the question keep the KV they write here; the main pass
+    `run_rows` (every row without loaded KV of the probed requests) go through the check layer and
+    every later one over the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows
+    are captured at each scored attention layer and scored against the request's whole K and V
+    (prefix included) read back from the paged cache. Rows before the question keep the KV they write here; the main pass
     runs the question's rows and vLLM's scheduled rows again.
     """
     n = b.positions.shape[0]
     pseudo = pseudo_request_metadata(run_rows, b.segment, b.positions.long())
     step.stats.add("probe_tokens", pseudo.num_tokens)
-    attns = b.attn_layers()[step.check_layer + 1:]
+    layers = scored_layers(len(b.layer_names), step.check_layer)
+    attns = b.attn_layers()[layers.start:layers.stop]
     keep = queries[pseudo.token_indices]  # which probe-pass rows are queries
     with captured_queries(attns, keep) as captured:
         run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual)
     q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
     mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     with b.faults.guarded("probe"):
-        for i, attn, q in zip(range(step.check_layer + 1, len(b.layer_names)), attns, captured):
-            mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale)
+        for i, attn, q in zip(layers, attns, captured):
+            mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale, weigh_by_values=True)
     return mass

@@ -115,9 +115,10 @@ def captured_queries(attns, keep):
     out.extend(captured[i] for i in range(len(attns)))
 
 
-def layer_attention_mass(b: BlendRows, cache, q, q_rows, scale) -> torch.Tensor:
+def layer_attention_mass(b: BlendRows, cache, q, q_rows, scale, weigh_by_values: bool = False) -> torch.Tensor:
     """Attention mass queries `q` (of batch rows `q_rows`) give each batch row over one layer's
-    paged K (the request's whole K, prefix included), ``[n]`` float32."""
+    paged K (the request's whole K, prefix included), ``[n]`` float32; each head's share weighted
+    by the row's V norm there with `weigh_by_values` (query_probe.attention_mass)."""
     positions, segment = b.positions, b.segment
     mass = torch.zeros(positions.shape[0], dtype=torch.float32, device=q.device)
     qsl = b.meta.query_start_loc.long()
@@ -130,8 +131,9 @@ def layer_attention_mass(b: BlendRows, cache, q, q_rows, scale) -> torch.Tensor:
         # Keys up to the request's last row (rows after its queries, such as the generated tokens of
         # a request prefilled again after a preemption, get no attention but keep the row count).
         pages = b.meta.block_table[req, :(int(positions[last - 1]) + block_size) // block_size].long()
-        k_t, _ = b.layout.gather_pages_head_major(cache, pages, values=False)  # one copy
-        req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale)
+        k_t, v = b.layout.gather_pages_head_major(cache, pages, values=weigh_by_values)  # one copy each
+        req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale,
+                                  v=None if v is None else v.transpose(0, 1))
         start = int(positions[first])
         mass[first:last] = req_mass[start:start + last - first]
     return mass

@@ -62,7 +62,32 @@ EVAL_RUNS = [
 # The latest quality runs, shown first: models that can answer, and the query rule's regression
 # (2026-11-27, fourth session; an AVX2 host, float32).
 _Q = "python benchmarks/blend_bench.py"
+_VARIANTS = ("experiment modes (a patch not kept, the same forward otherwise): query_vn weighs each head's "
+             "attention by the token's V norm over every layer after the check layer, query_late counts the second "
+             "half of the layers, query_vnl both (the rule adopted), query_vnl3 / query_vnl23 from a third / two "
+             "thirds of the depth, query_headmax the largest head's mass per layer, query_vnhl the largest head's "
+             "V-weighted mass over the second half")
+_HELD = (f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
+         "--max-tokens 4 --kl-tokens 1 --sweep --ratios 0.15 --no-plot")
 QUALITY_RUNS = [
+    ("qwen15_probe_depth_gen20_59.json", "Where the question reads, held out: Qwen2.5-Coder-1.5B-Instruct on the 40 "
+     "held-out generated questions (20-59), the query rule before (blend 0.15) against the two variants the "
+     f"development set chose ({_VARIANTS}; a quality check shared the cores: TTFTs rough)",
+     f"{_HELD} --skip-questions 20 --num-questions 40 --selections query,query_vnl23,query_vnl "
+     "--out benchmarks/results/qwen15_probe_depth_gen20_59.json (with the patch)"),
+    ("qwen15_probe_variants_gen60_79.json", "Where the question reads, a development set: Qwen2.5-Coder-1.5B-Instruct "
+     f"on generated questions 60-79 (never used before), the query rule before (blend 0.15) and {_VARIANTS}",
+     f"{_HELD} --skip-questions 60 --num-questions 20 --selections query,query_vn,query_late,query_vnl,query_headmax "
+     "--out benchmarks/results/qwen15_probe_variants_gen60_79.json (with the patch)"),
+    ("qwen15_probe_variants2_gen60_79.json", "The same development set, more variants and the oracle ranking "
+     f"({_VARIANTS}; the oracle's TTFT includes its full prefill)",
+     f"{_HELD} --skip-questions 60 --num-questions 20 --selections query_vnhl,query_vnl3,query_vnl23,oracle "
+     "--out benchmarks/results/qwen15_probe_variants2_gen60_79.json (with the patch)"),
+    ("smollm2_probe_variants_quality16.json", "Where the question reads on SmolLM2: the fixed quality set (make "
+     f"quality's 16 questions, float32), the query rule before (blend 0.15) and {_VARIANTS}",
+     f"{_Q} --generated --num-questions 16 --passages 10 --passage-words 120 --sweep --ratios 0.15 "
+     "--selections query,query_vn,query_vnl3,query_vnl,query_vnl23 --kl-tokens 1 --no-plot "
+     "--out benchmarks/results/smollm2_probe_variants_quality16.json (with the patch)"),
     ("qwen15_span4_gen20_59.json", "An experiment not kept: the query rule's attention mass averaged over a 9-token "
      "window before the top-k (a patch to blend_forward._scores, UCM_EXP_SPAN=4), Qwen2.5-Coder-1.5B-Instruct on the "
      "40 held-out generated questions of qwen15_rules_gen20_59.json",
@@ -215,9 +240,13 @@ QUALITY_RUNS = [
      f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
      "--out benchmarks/results/query_fix_musique_longq4.json"),
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
-     "passages x 120 words, the query rule ranking by the question's attention alone, without the check layer's "
-     "deviation (before: 0.1873 with attention x the deviation's norm, quality_check_before_attention_alone.json; "
-     "0.2041 with attention per cost)",
+     "passages x 120 words, the query rule ranking by the question's attention weighted by each token's V norm over "
+     "the second half of the layers (before: 0.0771 by the attention of every layer after the check layer, "
+     "quality_check_attention_every_layer.json; 0.1873 with attention x the deviation's norm; 0.2041 with "
+     "attention per cost)",
+     "python benchmarks/quality_check.py --accept"),
+    ("quality_check_attention_every_layer.json", "The fixed quality check's accepted run before the V norm and the "
+     "second half of the layers: the question's attention over every layer after the check layer",
      "python benchmarks/quality_check.py --accept"),
     ("quality_check_before_attention_alone.json", "The fixed quality check's accepted run before the query rule "
      "ranked by attention alone: attention x the check layer's deviation norm",
@@ -630,7 +659,13 @@ HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen15_rules_gen20_59.json", "qwe
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_rules_gen20_59.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_probe_depth_gen20_59.json"),
+    ("Where the question reads: the query rule's variants on a development set (1.5B)",
+     "qwen15_probe_variants_gen60_79.json"),
+    ("Where the question reads: more variants and the oracle on the development set (1.5B)",
+     "qwen15_probe_variants2_gen60_79.json"),
+    ("Where the question reads: the variants on SmolLM2's fixed set", "smollm2_probe_variants_quality16.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions, every rule before", "qwen15_rules_gen20_59.json"),
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),

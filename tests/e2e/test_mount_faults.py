@@ -63,7 +63,7 @@ def test_a_mount_whose_reads_hang_costs_one_timeout_then_blending_resumes(engine
 
 
 def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_factory, model_dir, plain_llm, tmp_path):
-    """Exact-prefix loads complete between steps (async_prefix_loads): while one request's read
+    """Exact-prefix loads complete between steps (async_prefix_loads true): while one request's read
     hangs on the mount, a request that arrived with it is prefilled and answered; after release
     the first is answered from its loaded prefix. Both as plain vLLM answers them."""
     from blend_helpers import params, result
@@ -71,7 +71,8 @@ def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_facto
 
     with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
         store = {"load_timeout_s": 120.0, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 120.0}
-        llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(mount.mountpoint, store_options=store),
+        llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(mount.mountpoint, store_options=store,
+                                                                               async_prefix_loads=True),
                              disable_log_stats=False)
         cached, _ = prompts(llm, seed=950)
         new, _ = prompts(llm, seed=951)

@@ -34,7 +34,7 @@ import yaml
 
 from ucm.config.blend import SPARSE_METHODS, BlendConfig, SparseSpec, parse_sparse
 from ucm.config.checks import UCMConfigError, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
-from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS, UCM_NO_EFFECT_TOP_LEVEL_KEYS,
+from ucm.config.names import (ASYNC_PREFIX_LOADS, ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS, UCM_NO_EFFECT_TOP_LEVEL_KEYS,
                               QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION, BLEND_SELECTIONS,
                               CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM,
                               EXACT_PREFIX_PARAM, CHUNK_STORE_POLICIES, CHUNK_START_TOKENS_PARAM, KV_SHIFT_DEFAULT,
@@ -43,7 +43,7 @@ from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAM
 from ucm.config.stores import StoreSpec
 
 __all__ = [  # the vocabulary (names.py) too: everything importable from ucm.config as before the split
-    "ASYNC_PREFIX_LOADS_KEY", "BlendConfig", "SPARSE_METHODS", "SparseSpec", "StoreSpec", "UCMConfig", "UCMConfigError", "attn_layer_name",
+    "ASYNC_PREFIX_LOADS", "ASYNC_PREFIX_LOADS_KEY", "BlendConfig", "SPARSE_METHODS", "SparseSpec", "StoreSpec", "UCMConfig", "UCMConfigError", "attn_layer_name",
     "parse_sparse", "CONFIG_FILE_KEY", "EXTRA_NAME", "KNOWN_TOP_LEVEL_KEYS", "UCM_NO_EFFECT_TOP_LEVEL_KEYS",
     "QUERY_SELECTION", "HKVD_SELECTION", "ORACLE_SELECTION", "BLEND_SELECTIONS", "CHUNK_LENGTHS_PARAM",
     "DISABLE_BLEND_PARAM", "RATIO_PARAM", "SELECTION_PARAM", "EXACT_PREFIX_PARAM", "CHUNK_STORE_POLICIES",
@@ -82,15 +82,16 @@ class UCMConfig:
 
     `extra` is the merged raw dict (file keys overridden by inline keys, deep-copied), for
     consumers of keys this module does not know. `config_file` is the YAML file read, if any.
-    `async_prefix_loads`: a request whose stored KV is an exact prefix alone waits for it between
-    steps instead of holding the step of every request in the batch while it is read.
+    `async_prefix_loads`: whether a request whose stored KV is an exact prefix alone waits for it
+    between steps instead of holding the step of every request in the batch while it is read
+    (True, False, or "auto": while the store's reads have recently been slow).
     """
 
     stores: tuple[StoreSpec, ...]
     sparse: SparseSpec | None
     extra: dict[str, Any]
     config_file: str | None = None
-    async_prefix_loads: bool = True
+    async_prefix_loads: bool | str = "auto"
 
     @classmethod
     def from_extra_config(
@@ -128,9 +129,9 @@ class UCMConfig:
             raise UCMConfigError("ucm_connectors must list at least one store, got an empty list")
         stores = tuple(StoreSpec.from_dict(entry, f"ucm_connectors[{i}]") for i, entry in enumerate(connectors))
 
-        async_loads = merged.get(ASYNC_PREFIX_LOADS_KEY, True)
-        if not isinstance(async_loads, bool):
-            raise UCMConfigError(f"{ASYNC_PREFIX_LOADS_KEY} must be true or false, got {_type_name(async_loads)}")
+        async_loads = merged.get(ASYNC_PREFIX_LOADS_KEY, "auto")
+        if not any(async_loads is v or (isinstance(v, str) and async_loads == v) for v in ASYNC_PREFIX_LOADS):
+            raise UCMConfigError(f"{ASYNC_PREFIX_LOADS_KEY} must be true, false or \"auto\", got {async_loads!r}")
         return cls(
             stores=stores,
             sparse=parse_sparse(merged.get("ucm_sparse_config")),

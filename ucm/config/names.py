@@ -10,8 +10,11 @@ from ucm.sparse.blend.vocabulary import Selection
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"  # both the env var and the key inside the extra config
 EXTRA_NAME = "kv_connector_extra_config"
 # Top-level keys this module understands; anything else is kept in `UCMConfig.extra` and warned about.
-# Exact-prefix loads complete between steps, vLLM's WAITING_FOR_REMOTE_KVS path (background_loads.py).
+# Exact-prefix loads complete between steps, vLLM's WAITING_FOR_REMOTE_KVS path (background_loads.py):
+# always, never, or "auto" (while the store's reads are slow: a step-long wait otherwise costs more
+# than a fast read).
 ASYNC_PREFIX_LOADS_KEY = "async_prefix_loads"
+ASYNC_PREFIX_LOADS = (True, False, "auto")
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY, ASYNC_PREFIX_LOADS_KEY})
 # Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
 # config written for UCM runs unchanged.

@@ -935,6 +935,7 @@ def test_an_exact_prefix_alone_is_read_between_steps(tmp_path):
     """vLLM parks the request (load_kv_async) while its exact blocks are read; the step that starts
     the read is not a sync-load step, and the request's first scheduled step loads nothing again."""
     side = side_for(tmp_path, admission=STORE_ALL)
+    side.async_loads = True
     tokens = prompt(1)
     keys = store_exact(side, tokens, 3)
     req = request(side, "a", tokens)
@@ -953,9 +954,11 @@ def test_an_exact_prefix_alone_is_read_between_steps(tmp_path):
     assert side.request_finished(req)["ucm"]["external_prefix_tokens"] == 12
 
 
-def test_exact_prefix_loads_stay_in_step_when_turned_off(tmp_path):
+@pytest.mark.parametrize("setting", [False, "auto"])
+def test_exact_prefix_loads_stay_in_step_when_off_or_while_reads_are_fast(tmp_path, setting):
     side = side_for(tmp_path, admission=STORE_ALL)
-    side.async_loads = False
+    assert side.async_loads == "auto"  # the default
+    side.async_loads = setting
     tokens = prompt(1)
     store_exact(side, tokens, 3)
     req = request(side, "a", tokens)
@@ -965,16 +968,33 @@ def test_exact_prefix_loads_stay_in_step_when_turned_off(tmp_path):
     assert [ld.start for ld in s.prefix_loads] == [0, 4, 8] and not s.load_async and out.has_sync_kv_loads
 
 
+def test_auto_reads_exact_prefixes_between_steps_for_a_while_after_a_slow_read(tmp_path, monkeypatch):
+    from ucm.integration.vllm.connector import scheduler_side
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path, admission=STORE_ALL)
+    tokens = prompt(1)
+    store_exact(side, tokens, 3)
+    side.take_report(UCMWorkerReport(prefix_load_wait_s=scheduler_side.SLOW_PREFIX_READ_S / 2))
+    assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0) == (12, False)  # fast enough
+    side.take_report(UCMWorkerReport(prefix_load_wait_s=scheduler_side.SLOW_PREFIX_READ_S * 4))
+    assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (12, True)
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + scheduler_side.SLOW_READS_HOLD_S + 1)
+    assert side.get_num_new_matched_tokens(request(side, "c", tokens), 0) == (12, False)  # the hold has passed
+
+
 def test_a_request_whose_background_read_failed_stores_nothing(tmp_path):
     """The worker reported the read failed (vLLM computes from the failed block): nothing of the
     request is dumped afterwards, as after a failed load inside a step."""
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
     side = side_for(tmp_path, admission=STORE_ALL)
+    side.async_loads = True
     tokens = prompt(1)
     store_exact(side, tokens, 3)
     req = request(side, "a", tokens)
-    side.get_num_new_matched_tokens(req, 0)
+    assert side.get_num_new_matched_tokens(req, 0) == (12, True)
     new = admit(side, req, 12)
     step(side, [], {})
     side.take_report(UCMWorkerReport(load_failed={"a"}))

@@ -52,6 +52,12 @@ class Received:
     loaded_blocks: int
     loaded_bytes: int
 
+    def count(self, stats) -> None:
+        stats.add("loaded_blocks", self.loaded_blocks)
+        stats.add("load_bytes", self.loaded_bytes)
+        stats.add("failed_blocks", len(self.failed_block_ids))
+        stats.add("background_loads", len(self.req_ids))
+
 
 class BackgroundLoads:
     """The worker's in-flight exact-prefix loads, polled once a step."""

@@ -53,6 +53,11 @@ logger = logging.getLogger(__name__)
 # BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
 HELD_PLAN_SECONDS = 2.0
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
+# async_prefix_loads "auto": a step's exact-prefix reads that waited longer than this hold every
+# request of the batch noticeably; for the next SLOW_READS_HOLD_S exact prefixes are read between
+# steps (a read between steps costs its request a step or two, which a fast read does not repay).
+SLOW_PREFIX_READ_S = 0.05
+SLOW_READS_HOLD_S = 60.0
 
 
 class SchedulerSide:
@@ -81,7 +86,8 @@ class SchedulerSide:
         self.hashes = ApproximateHashes()  # blended blocks' hashes, salted
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
-        self.async_loads = config.async_prefix_loads
+        self.async_loads = config.async_prefix_loads  # True, False or "auto" (slow_reads_until)
+        self.slow_reads_until = 0.0  # "auto": exact prefixes are read between steps until then
         self._loads_to_start: list[RequestState] = []  # allocated this step, their exact prefix read between steps
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
@@ -129,6 +135,13 @@ class SchedulerSide:
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
             self.view.store.hold_down(report.store_down_s)
+        if report.prefix_load_wait_s > SLOW_PREFIX_READ_S:
+            self.slow_reads_until = time.monotonic() + SLOW_READS_HOLD_S
+
+    def _reads_between_steps(self) -> bool:
+        if self.async_loads == "auto":
+            return time.monotonic() < self.slow_reads_until
+        return bool(self.async_loads)
 
     def _distrust(self, req_id: str, reason: str) -> None:
         state = self._states.get(req_id)
@@ -193,7 +206,7 @@ class SchedulerSide:
         state.local_tokens = num_computed_tokens
         # An exact prefix alone is read between steps while the others run; a Blend region's loads
         # feed the step's forward.
-        state.loads_between_steps = self.async_loads and state.prefix_external > 0 and resumed is None
+        state.loads_between_steps = state.prefix_external > 0 and resumed is None and self._reads_between_steps()
         return state.prefix_external, state.loads_between_steps
 
     def planned_blend_work(self, request: Request) -> int:

@@ -183,7 +183,10 @@ class WorkerSide:
         ok = self._agreement.loaded(len(keys), self.store.wait(task))
         if ok is None:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")
-        self.stats.add("load_wait_seconds", time.perf_counter() - waited)
+        wait_s = time.perf_counter() - waited
+        self.stats.add("load_wait_seconds", wait_s)
+        if prefix:
+            self._report.prefix_load_wait_s = max(self._report.prefix_load_wait_s, wait_s)
         if task.refused:
             self.stats.add("store_down_blocks", len(task.native_indices))
         if task.timed_out:  # IO threads may still write the load buffers: never reuse them
@@ -247,10 +250,7 @@ class WorkerSide:
         self._failed_block_ids |= got.failed_block_ids
         for req_id in got.failed_req_ids:
             self._distrust(req_id)
-        self.stats.add("loaded_blocks", got.loaded_blocks)
-        self.stats.add("load_bytes", got.loaded_bytes)
-        self.stats.add("failed_blocks", len(got.failed_block_ids))
-        self.stats.add("background_loads", len(got.req_ids))
+        got.count(self.stats)
         return got.req_ids
 
     def _region_rows(self, req: RequestStep) -> RegionRows:

@@ -70,6 +70,12 @@ _VARIANTS = ("experiment modes (a patch not kept, the same forward otherwise): q
 _HELD = (f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
          "--max-tokens 4 --kl-tokens 1 --sweep --ratios 0.15 --no-plot")
 QUALITY_RUNS = [
+    ("qwen15_musique16_vn.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-15 with the query rule "
+     "weighted by V norms over the second half of the layers (the rule before on the same questions: "
+     "qwen15_musique8_rules.json and qwen15_musique8_15_rules.json), bfloat16 (an e2e test shared the cores: TTFTs "
+     "rough)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 16 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query --no-plot --out benchmarks/results/qwen15_musique16_vn.json"),
     ("qwen15_probe_depth_gen20_59.json", "Where the question reads, held out: Qwen2.5-Coder-1.5B-Instruct on the 40 "
      "held-out generated questions (20-59), the query rule before (blend 0.15) against the two variants the "
      f"development set chose ({_VARIANTS}; a quality check shared the cores: TTFTs rough)",
@@ -669,6 +675,7 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15", "qwen15_musique16_vn.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, every rule", "qwen15_musique8_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 8-15, every rule", "qwen15_musique8_15_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5_attention_alone.json"),

@@ -62,23 +62,33 @@ def test_a_mount_whose_reads_hang_costs_one_timeout_then_blending_resumes(engine
         assert again.report["blended"] and again.report["fallback"] is None, again.report
 
 
-def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_factory, model_dir, plain_llm, tmp_path):
-    """Exact-prefix loads complete between steps (async_prefix_loads true): while one request's read
-    hangs on the mount, a request that arrived with it is prefilled and answered; after release
-    the first is answered from its loaded prefix. Both as plain vLLM answers them."""
+@pytest.mark.parametrize("setting", [True, "auto"])
+def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_factory, model_dir, plain_llm, tmp_path,
+                                                                    setting):
+    """Exact-prefix loads complete between steps (async_prefix_loads true, or "auto" once a read
+    inside a step was slow): while one request's read hangs on the mount, a request that arrived
+    with it is prefilled and answered; after release the first is answered from its loaded
+    prefix. Every answer as plain vLLM's."""
     from blend_helpers import params, result
     from ucm.integration.vllm.llm import ucm_transfer_config
 
     with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
         store = {"load_timeout_s": 120.0, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 120.0}
         llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(mount.mountpoint, store_options=store,
-                                                                               async_prefix_loads=True),
+                                                                               async_prefix_loads=setting),
                              disable_log_stats=False)
         cached, _ = prompts(llm, seed=950)
         new, _ = prompts(llm, seed=951)
-        run(llm, cached)  # its blocks stored as exact KV
+        warm, _ = prompts(llm, seed=952)
+        for token_ids in (cached, warm):
+            run(llm, token_ids)  # their blocks stored as exact KV
         wait_until_stable(tmp_path / "server")
         forget_local_prefix_cache(llm)
+        if setting == "auto":  # a slow read inside a step: "auto" reads between steps from now on
+            mount.set(latency_ms=100)
+            assert_same(run(llm, warm), run(plain_llm, warm))
+            mount.set()
+            forget_local_prefix_cache(llm)
 
         mount.set(hang=["open", "read"])
         engine = llm.llm_engine

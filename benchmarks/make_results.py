@@ -709,7 +709,8 @@ PROFILE_RUNS = [
      "--num-requests 10 --warmup 1 --concurrency 2"),
 ]
 STORM_RUN = ("fault_storm.json", "python benchmarks/fault_storm.py --generated --num-questions 16 --faults 100 "
-             "--max-rounds 8 --out benchmarks/results/fault_storm.json")
+             "--max-rounds 8 --shares lookup~0.1,load~0.2,rotate~0.2,select~0.2,forward~0.2,attention~0.006,dump~0.1 "
+             "--out benchmarks/results/fault_storm.json")
 FAULTS_RUN = ("store_faults.json", "python benchmarks/store_faults.py --out benchmarks/results/store_faults.json")
 HIT_THRESHOLD_RUNS = [
     ("hit_threshold.json", "python benchmarks/hit_threshold.py --num-questions 2 --hits 0,1,2,3,5,7,10 "

@@ -204,8 +204,8 @@ class SchedulerSide:
         if state.blending:
             return state.blend_end - num_computed_tokens, False
         state.local_tokens = num_computed_tokens
-        # An exact prefix alone is read between steps while the others run; a Blend region's loads
-        # feed the step's forward.
+        # An exact prefix alone may be read between steps while the others run (async_prefix_loads);
+        # a Blend region's loads feed the step's forward.
         state.loads_between_steps = state.prefix_external > 0 and resumed is None and self._reads_between_steps()
         return state.prefix_external, state.loads_between_steps
 

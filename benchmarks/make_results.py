@@ -403,10 +403,15 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
-HEADLINE_SERVE = "serve_bench_c4_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
+HEADLINE_SERVE = "serve_bench_c4_bf16_vn.json"  # the README's replay rows: the latest replay, with plain vLLM
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_bf16_vn.json", "Serving under load in bfloat16 against plain vLLM after the query rule's V norms "
+     "over the second half of the layers and async_prefix_loads \"auto\" (2026-11-28, a twelfth session, the same "
+     "host, nothing else running)",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_bf16_vn.json"),
     ("serve_bench_c4_bf16.json", "Serving under load in bfloat16 against plain vLLM (2026-11-28, an eleventh session, "
      "AVX-512-BF16 host, nothing else running; plain vLLM's requests share a cache_salt per phase)",
      "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
@@ -690,7 +695,7 @@ LATEST = [
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_ratios_generated4.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
-    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16.json"),
+    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16_vn.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),

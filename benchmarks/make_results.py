@@ -70,6 +70,17 @@ _VARIANTS = ("experiment modes (a patch not kept, the same forward otherwise): q
 _HELD = (f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
          "--max-tokens 4 --kl-tokens 1 --sweep --ratios 0.15 --no-plot")
 QUALITY_RUNS = [
+    ("qwen15_query_vn_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct on the 40 held-out generated questions (20-59) "
+     "with the query rule as committed (V norms, the second half of the layers): the experiment's query_vnl mode "
+     "(qwen15_probe_depth_gen20_59.json) from the shipped code, bfloat16, nothing else running",
+     f"{_HELD} --skip-questions 20 --num-questions 40 --selections query "
+     "--out benchmarks/results/qwen15_query_vn_gen20_59.json"),
+    ("qwen05_query_vn_gen8.json", "Qwen2.5-Coder-0.5B-Instruct with the query rule weighted by V norms over the "
+     "second half of the layers, the 8 generated questions of qwen05_attention_alone_gen8.json (the rule before), "
+     "bfloat16",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --passages 10 --passage-words 120 --max-tokens 4 "
+     "--kl-tokens 1 --num-questions 8 --sweep --ratios 0.15,0.3 --selections query --no-plot "
+     "--out benchmarks/results/qwen05_query_vn_gen8.json"),
     ("qwen15_musique16_vn.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-15 with the query rule "
      "weighted by V norms over the second half of the layers (the rule before on the same questions: "
      "qwen15_musique8_rules.json and qwen15_musique8_15_rules.json), bfloat16 (an e2e test shared the cores: TTFTs "
@@ -665,12 +676,15 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_rules_gen20.json", "qwen15_rules_gen20_59.json", "qwen05_long_generated4.json"]
+HEADLINE_LARGER = ["qwen15_query_vn_gen20_59.json", "qwen05_long_generated4.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_probe_depth_gen20_59.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_vn_gen20_59.json"),
+    ("Where the question reads: the rule before and two variants on the held-out questions (1.5B)",
+     "qwen15_probe_depth_gen20_59.json"),
+    ("Quality on Qwen2.5-Coder-0.5B-Instruct, generated questions", "qwen05_query_vn_gen8.json"),
     ("Where the question reads: the query rule's variants on a development set (1.5B)",
      "qwen15_probe_variants_gen60_79.json"),
     ("Where the question reads: more variants and the oracle on the development set (1.5B)",

@@ -34,8 +34,8 @@ from ucm.sparse.blend.hkvd import select_hkvd
 __all__ = ["attention_mass", "oracle_layer_score", "probe_candidates", "probe_query_mask",
            "query_weighted_score", "rows_after_loaded", "scored_layers"]
 
-# Question rows whose attention is summed, per request: the last ones, next to the answer. On MuSiQue
-# the last 16 or 32 rank as well as the whole question (KL to full prefill 0.060-0.061).
+# Question rows whose attention is summed, per request: the last ones, next to the answer; they ranked
+# as well as the whole question on MuSiQue (docs/research.md, "The probe's candidates").
 MAX_PROBE_QUERIES = 32
 
 

@@ -351,8 +351,8 @@ def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual
     `run_rows` (every row without loaded KV of the probed requests) go through the check layer and
     every later one over the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows
     are captured at each scored attention layer and scored against the request's whole K and V
-    (prefix included) read back from the paged cache. Rows before the question keep the KV they write here; the main pass
-    runs the question's rows and vLLM's scheduled rows again.
+    (prefix included) read back from the paged cache. Rows before the question keep the KV they
+    write here; the main pass runs the question's rows and vLLM's scheduled rows again.
     """
     n = b.positions.shape[0]
     pseudo = pseudo_request_metadata(run_rows, b.segment, b.positions.long())

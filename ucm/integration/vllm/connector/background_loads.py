@@ -34,7 +34,6 @@ def bytes_view(t: torch.Tensor):
 
 @dataclass
 class _Load:
-    req_id: str
     task: Task | None  # None: failed before any IO (every block fails)
     buffers: list[torch.Tensor]  # one per block, [block tokens, layers, 2, heads, head size]
     slots: list[torch.Tensor]  # each block's cache slots
@@ -79,7 +78,7 @@ class BackgroundLoads:
             task = self.store.load(list(keys), [bytes_view(b) for b in buffers])
         except Exception:  # a cache fault must not take the engine down: vLLM computes the blocks
             task = None
-        self._loads[req_id] = _Load(req_id, task, buffers, slots, block_ids, time.monotonic())
+        self._loads[req_id] = _Load(task, buffers, slots, block_ids, time.monotonic())
 
     def poll(self, place: Placement) -> Received:
         """Places every finished read (`place(buffer, slots)` per block read) and returns what

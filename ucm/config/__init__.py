@@ -34,7 +34,8 @@ import yaml
 
 from ucm.config.blend import SPARSE_METHODS, BlendConfig, SparseSpec, parse_sparse
 from ucm.config.checks import UCMConfigError, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
-from ucm.config.names import (ASYNC_PREFIX_LOADS, ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS, UCM_NO_EFFECT_TOP_LEVEL_KEYS,
+from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS,
+                              UCM_NO_EFFECT_TOP_LEVEL_KEYS,
                               QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION, BLEND_SELECTIONS,
                               CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM,
                               EXACT_PREFIX_PARAM, CHUNK_STORE_POLICIES, CHUNK_START_TOKENS_PARAM, KV_SHIFT_DEFAULT,
@@ -43,7 +44,8 @@ from ucm.config.names import (ASYNC_PREFIX_LOADS, ASYNC_PREFIX_LOADS_KEY, CONFIG
 from ucm.config.stores import StoreSpec
 
 __all__ = [  # the vocabulary (names.py) too: everything importable from ucm.config as before the split
-    "ASYNC_PREFIX_LOADS", "ASYNC_PREFIX_LOADS_KEY", "BlendConfig", "SPARSE_METHODS", "SparseSpec", "StoreSpec", "UCMConfig", "UCMConfigError", "attn_layer_name",
+    "ASYNC_PREFIX_LOADS_KEY", "BlendConfig", "SPARSE_METHODS", "SparseSpec", "StoreSpec", "UCMConfig", "UCMConfigError",
+    "attn_layer_name",
     "parse_sparse", "CONFIG_FILE_KEY", "EXTRA_NAME", "KNOWN_TOP_LEVEL_KEYS", "UCM_NO_EFFECT_TOP_LEVEL_KEYS",
     "QUERY_SELECTION", "HKVD_SELECTION", "ORACLE_SELECTION", "BLEND_SELECTIONS", "CHUNK_LENGTHS_PARAM",
     "DISABLE_BLEND_PARAM", "RATIO_PARAM", "SELECTION_PARAM", "EXACT_PREFIX_PARAM", "CHUNK_STORE_POLICIES",
@@ -130,7 +132,7 @@ class UCMConfig:
         stores = tuple(StoreSpec.from_dict(entry, f"ucm_connectors[{i}]") for i, entry in enumerate(connectors))
 
         async_loads = merged.get(ASYNC_PREFIX_LOADS_KEY, "auto")
-        if not any(async_loads is v or (isinstance(v, str) and async_loads == v) for v in ASYNC_PREFIX_LOADS):
+        if not (isinstance(async_loads, bool) or async_loads == "auto"):
             raise UCMConfigError(f"{ASYNC_PREFIX_LOADS_KEY} must be true, false or \"auto\", got {async_loads!r}")
         return cls(
             stores=stores,

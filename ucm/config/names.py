@@ -14,7 +14,6 @@ EXTRA_NAME = "kv_connector_extra_config"
 # always, never, or "auto" (while the store's reads are slow: a step-long wait otherwise costs more
 # than a fast read).
 ASYNC_PREFIX_LOADS_KEY = "async_prefix_loads"
-ASYNC_PREFIX_LOADS = (True, False, "auto")
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY, ASYNC_PREFIX_LOADS_KEY})
 # Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
 # config written for UCM runs unchanged.

@@ -117,9 +117,9 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
     # Seconds the store still counts as down on some rank (a load or dump passed its deadline):
     # the scheduler's lookups, which a mount that answers stats but not reads still answers, miss.
     store_down_s: float = 0.0
-    # The slowest wait of a step's exact-prefix reads on some rank (seconds): under
-    # async_prefix_loads "auto" the scheduler reads them between steps while it stays high.
-    prefix_load_wait_s: float = 0.0
+    # A step's exact-prefix reads waited this long on some rank, over SLOW_PREFIX_READ_S (0: none
+    # did): under async_prefix_loads "auto" the scheduler reads them between steps for a while.
+    slow_prefix_read_s: float = 0.0
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> UCMWorkerReport:
         assert isinstance(other, UCMWorkerReport)
@@ -129,8 +129,8 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
         return UCMWorkerReport(stored, self.not_stored | other.not_stored, self.load_failed | other.load_failed,
                                self.not_blended | other.not_blended, self.blend_error | other.blend_error,
                                max(self.store_down_s, other.store_down_s),
-                               max(self.prefix_load_wait_s, other.prefix_load_wait_s))
+                               max(self.slow_prefix_read_s, other.slow_prefix_read_s))
 
     def is_empty(self) -> bool:
         return not (self.stored or self.not_stored or self.load_failed or self.not_blended or self.blend_error
-                    or self.store_down_s or self.prefix_load_wait_s)
+                    or self.store_down_s or self.slow_prefix_read_s)

@@ -53,10 +53,9 @@ logger = logging.getLogger(__name__)
 # BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
 HELD_PLAN_SECONDS = 2.0
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
-# async_prefix_loads "auto": a step's exact-prefix reads that waited longer than this hold every
-# request of the batch noticeably; for the next SLOW_READS_HOLD_S exact prefixes are read between
-# steps (a read between steps costs its request a step or two, which a fast read does not repay).
-SLOW_PREFIX_READ_S = 0.05
+# async_prefix_loads "auto": after a worker reports a slow exact-prefix read, exact prefixes are
+# read between steps for this long (a read between steps costs its request a step or two, which
+# a fast read does not repay).
 SLOW_READS_HOLD_S = 60.0
 
 
@@ -135,7 +134,7 @@ class SchedulerSide:
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
             self.view.store.hold_down(report.store_down_s)
-        if report.prefix_load_wait_s > SLOW_PREFIX_READ_S:
+        if report.slow_prefix_read_s:
             self.slow_reads_until = time.monotonic() + SLOW_READS_HOLD_S
 
     def _reads_between_steps(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend_models
 from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
-from ucm.integration.vllm.connector.background_loads import BackgroundLoads, bytes_view
+from ucm.integration.vllm.connector.background_loads import SLOW_PREFIX_READ_S, BackgroundLoads, bytes_view
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
@@ -185,8 +185,9 @@ class WorkerSide:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")
         wait_s = time.perf_counter() - waited
         self.stats.add("load_wait_seconds", wait_s)
-        if prefix:
-            self._report.prefix_load_wait_s = max(self._report.prefix_load_wait_s, wait_s)
+        # Only exact-prefix reads alone say if reading them between steps spares the batch.
+        if prefix and (not chunks or task.timed_out) and wait_s > SLOW_PREFIX_READ_S:
+            self._report.slow_prefix_read_s = max(self._report.slow_prefix_read_s, wait_s)
         if task.refused:
             self.stats.add("store_down_blocks", len(task.native_indices))
         if task.timed_out:  # IO threads may still write the load buffers: never reuse them
@@ -230,8 +231,7 @@ class WorkerSide:
                                          self.check_layer, self.layout, self.caches, self.stats,
                                          None if self.rotation is None else (self.rotation.cos_sin, self.rotation.is_neox),
                                          self.max_blend_rows, self.narrowing)
-        elapsed = time.perf_counter() - start
-        self.stats.add("load_seconds", elapsed)
+        self.stats.add("load_seconds", elapsed := time.perf_counter() - start)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
 
     def _start_background(self, req: RequestStep) -> None:

@@ -1,0 +1,76 @@
+"""The worker tells the scheduler when exact-prefix reads held a step (async_prefix_loads "auto").
+
+The worker half on a real paged KV cache and a real store on a FUSE mount that adds latency (no
+engine): a step whose loads are exact-prefix reads alone reports how long they waited once that
+is over SLOW_PREFIX_READ_S; a fast read reports nothing, and neither does a slow step that also
+read chunk blocks (it waits for those whether the prefix is read between steps or not).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fault_mount import FaultMount, mounted_or_skip
+from ucm.integration.vllm.connector.background_loads import SLOW_PREFIX_READ_S, bytes_view
+from ucm.integration.vllm.connector.metadata import BlockLoad, RequestStep, UCMConnectorMetadata
+from ucm.integration.vllm.connector.worker_side import WorkerSide
+from ucm.integration.vllm.kv_layout import layout_for
+from ucm.store.factory import create_store
+from ucm.store.keys import KeyKind, store_key
+
+BS, LAYERS, H, D = 16, 2, 2, 64  # a head size vLLM's CPU attention kernels take
+
+
+def worker(root) -> WorkerSide:
+    store = create_store("UcmNfsStore", {"storage_backends": str(root)})
+    store.wait_open_scan()
+    w = WorkerSide(SimpleNamespace(cache_config=SimpleNamespace(block_size=BS)), store, check_layer=None)
+    w.caches = [torch.zeros(8, H, BS, 2 * D) for _ in range(LAYERS)]
+    w.layout = layout_for(w.caches[0], "CPU_ATTN", BS, H, D, isa="vec")
+    w._token_shape, w._dtype, w._device = (LAYERS, 2, H, D), torch.float32, torch.device("cpu")
+    w.token_bytes = LAYERS * 2 * H * D * 4
+    return w
+
+
+def stored(w: WorkerSide, n: int) -> list:
+    keys = [store_key(b"ns", KeyKind.EXACT, bytes([i + 1]) * 32) for i in range(n)]
+    blocks = [torch.full((BS, LAYERS, 2, H, D), float(i + 1)) for i in range(n)]
+    assert w.store.wait(w.store.dump([w.store_key(k) for k in keys], [bytes_view(b) for b in blocks],
+                                     [BS] * n)) == [True] * n
+    return keys
+
+
+def prefix_step(keys, chunk_keys=()) -> UCMConnectorMetadata:
+    """Request "a" reads `keys` as its exact prefix; request "b" reads `chunk_keys` as chunk blocks."""
+    steps = [RequestStep("a", [1, 2, 3], 0, 4, prefix_loads=[BlockLoad(k, i * BS, BS) for i, k in enumerate(keys)])]
+    if chunk_keys:
+        steps.append(RequestStep("b", [4, 5, 6], 0, 4,
+                                 chunk_loads=[BlockLoad(k, i * BS, BS) for i, k in enumerate(chunk_keys)]))
+    return UCMConnectorMetadata(steps)
+
+
+def test_a_fast_exact_prefix_read_reports_nothing(tmp_path):
+    w = worker(tmp_path / "store")
+    w.start_load_kv(prefix_step(stored(w, 2)))
+    assert w.stats.data.get("failed_blocks", 0) == 0
+    assert w.caches[0].abs().sum() > 0  # placed
+    assert w.build_report() is None
+    w.store.close()
+
+
+@pytest.mark.skipif(FaultMount.available() is not None, reason=f"FUSE: {FaultMount.available()}")
+def test_a_slow_exact_prefix_read_is_reported_unless_chunk_reads_shared_the_step(tmp_path):
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
+        w = worker(mount.mountpoint)
+        keys = stored(w, 3)
+        mount.set(latency_ms=int(SLOW_PREFIX_READ_S * 2000))
+        w.start_load_kv(prefix_step(keys[:2], chunk_keys=keys[2:]))
+        assert w.build_report() is None  # the chunk read held the step as well
+        w.start_load_kv(prefix_step(keys[:2]))
+        report = w.build_report()
+        assert report is not None and report.slow_prefix_read_s > SLOW_PREFIX_READ_S
+        mount.set()
+        w.store.close()

@@ -21,6 +21,7 @@ vLLM logs at WARNING level unless VLLM_LOGGING_LEVEL says otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _mount_schedule import MountSchedule, mounted_store
 from ucm.eval.quiet import quiet_vllm
 
 quiet_vllm()  # before vLLM is imported: keep the progress bar readable (VLLM_LOGGING_LEVEL=INFO for vLLM's logs)
@@ -96,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--store-dir", default=os.environ.get("DATA_DIR"),
                    help="KV store directory (env DATA_DIR; default: a temporary directory, removed at the end)")
+    p.add_argument("--mount", default=None, metavar="SPEC",
+                   help="the store behind a FUSE mount that adds steady faults (benchmarks/_mount_schedule.py): "
+                        "'bandwidth_mb_s=200' (reads and writes capped, as on a loaded NFS link), 'latency_ms=5'; "
+                        "';' joins them; needs FUSE (root)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up question")
     p.add_argument("-v", "--verbose", action="store_true", help="print every answer")
     args = p.parse_args(argv)
@@ -105,6 +111,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.ratios = list(PARETO_RATIOS)
         if "--selections" not in " ".join(argv if argv is not None else sys.argv):
             args.selections = list(PARETO_RULES)
+    if args.mount is not None:
+        if args.store_dir:
+            p.error("--mount makes a temporary store of its own: drop --store-dir")
+        try:
+            if MountSchedule.parse(args.mount).window:
+                p.error("--mount takes steady faults only (latency_ms=, bandwidth_mb_s=): a window needs a stream")
+        except ValueError as exc:
+            p.error(str(exc))
     if args.miss_passages and (args.chunk_store != "alone" or args.miss_passages > args.passages // 2):
         p.error("--miss-passages needs --chunk-store alone and at most half of --passages")
     if args.kl_tokens is None:
@@ -137,19 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     added = (plus_chunk_start(modes, args.plus_chunk_start) if args.plus_chunk_start else []) + (
         plus_kv_shift(modes, args.plus_kv_shift) if args.plus_kv_shift is not None else [])
     modes = [m for m in modes if m.is_full] + added if args.only_added else modes + added
-    with run_store(args, "ucm-blend-bench-") as store:
-        print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
-              f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
-              f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
-        started = time.time()
-        engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
+    with contextlib.ExitStack() as stack:
+        if args.mount is not None:  # the run's store is the mount's (removed with it at the end)
+            args.store_dir, mount = stack.enter_context(mounted_store(args.mount))
+            mount.set(**MountSchedule.parse(args.mount).steady)
+        return _measure(args, examples, modes, stack.enter_context(run_store(args, "ucm-blend-bench-")))
 
-        def partial(results) -> None:  # the JSON so far, after every question: a crash keeps what was measured
-            if args.out:
-                write_results_json(args.out, args, results, summarize([m for r in results for m in r.measurements],
-                                                                      modes), modes, started, {"partial": True})
 
-        results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args, partial), **engine)
+def _measure(args, examples, modes: list[Mode], store) -> int:
+    print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
+          f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
+          f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
+    started = time.time()
+    engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
+
+    def partial(results) -> None:  # the JSON so far, after every question: a crash keeps what was measured
+        if args.out:
+            write_results_json(args.out, args, results, summarize([m for r in results for m in r.measurements],
+                                                                  modes), modes, started, {"partial": True})
+
+    results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args, partial), **engine)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1

@@ -70,6 +70,11 @@ _VARIANTS = ("experiment modes (a patch not kept, the same forward otherwise): q
 _HELD = (f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
          "--max-tokens 4 --kl-tokens 1 --sweep --ratios 0.15 --no-plot")
 QUALITY_RUNS = [
+    ("qwen15_oracle_gen20_59.json", "The ranking's ceiling at 0.15 on the 1.5B: the oracle (full prefill's attention "
+     "times each token's true V error over every layer, a diagnostic that runs full prefill first, so its TTFT "
+     "includes it) on the 40 held-out generated questions (20-59) of qwen15_query_vn_gen20_59.json, bfloat16",
+     f"{_HELD} --skip-questions 20 --num-questions 40 --selections oracle "
+     "--out benchmarks/results/qwen15_oracle_gen20_59.json"),
     ("qwen15_query_vn_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct on the 40 held-out generated questions (20-59) "
      "with the query rule as committed (V norms, the second half of the layers): the experiment's query_vnl mode "
      "(qwen15_probe_depth_gen20_59.json) from the shipped code, bfloat16, nothing else running",
@@ -682,6 +687,7 @@ LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_vn_gen20_59.json"),
+    ("The ranking's ceiling on the held-out questions: the oracle at 0.15 (1.5B)", "qwen15_oracle_gen20_59.json"),
     ("Where the question reads: the rule before and two variants on the held-out questions (1.5B)",
      "qwen15_probe_depth_gen20_59.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, generated questions", "qwen05_query_vn_gen8.json"),

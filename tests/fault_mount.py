@@ -1,9 +1,9 @@
 """A FUSE passthrough mount that misbehaves on demand: the store's tests' NFS server.
 
 Mounted over a real directory in a process of its own, it passes every call through and, as a
-control file says at the time of each call, adds latency, caps read and write bandwidth, holds
-calls of named kinds until released (what a hung NFS server does: stats answered from cached
-attributes while opens and reads hang), or fails them with EIO.
+control file says at the time of each call, adds latency, caps read and write bandwidth (one
+link shared by all calls), holds calls of named kinds until released (what a hung NFS server
+does: stats answered from cached attributes while opens and reads hang), or fails them with EIO.
 
     with FaultMount(source_dir, mount_dir) as mount:
         mount.set(hang=["open", "read"])     # opens and reads block until set() lifts it
@@ -126,6 +126,8 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
             self._mtime = None
             self.state = {"hang": [], "eio": [], "latency_ms": 0.0, "bandwidth_mb_s": 0.0}
             self._lock = threading.Lock()
+            self._link = threading.Lock()
+            self._link_free_at = 0.0  # when the capped link has sent every byte asked of it so far
 
         def current(self) -> dict:
             try:
@@ -151,8 +153,12 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
                 raise fuse.FuseOSError(errno.EIO)
             if state["latency_ms"]:
                 time.sleep(state["latency_ms"] / 1000)
-            if state["bandwidth_mb_s"] and nbytes:
-                time.sleep(nbytes / (state["bandwidth_mb_s"] * 1e6))
+            if state["bandwidth_mb_s"] and nbytes:  # one link shared by every call, as a network's
+                with self._link:
+                    now = time.monotonic()
+                    self._link_free_at = max(now, self._link_free_at) + nbytes / (state["bandwidth_mb_s"] * 1e6)
+                    wait = self._link_free_at - now
+                time.sleep(wait)
             if kind in state["eio"]:
                 raise fuse.FuseOSError(errno.EIO)
 

@@ -73,7 +73,7 @@ def test_no_module_level_import_cycles():
 
 
 # A module past this has grown more than one responsibility: split it (docs/design.md, "The modules and a request's path").
-MAX_MODULE_LINES = 420
+MAX_MODULE_LINES = 400
 
 
 def test_no_module_outgrows_one_responsibility():

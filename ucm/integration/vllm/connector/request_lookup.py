@@ -37,13 +37,6 @@ logger = logging.getLogger(__name__)
 DUMP_WAIT_SECONDS = 2.0
 
 
-def fall_back(state: RequestState, reason: str, stats: UCMConnectorStats) -> None:
-    """Says why a request with loaded chunk KV is not (wholly) blended: counter, report and log."""
-    state.fallback = reason
-    stats.add(f"blend_fallbacks_{reason}")
-    logger.info("request %s: Blend falls back (%s)", state.request.request_id, reason)
-
-
 class RequestLookup:
     def __init__(self, blend: BlendConfig | None, view: StoreView, hashes: ApproximateHashes,
                  hasher: Callable[[], BlockHasher], params: RequestParamPolicy, stats: UCMConnectorStats,

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ucm.config import CHUNK_LENGTHS_PARAM
-from ucm.integration.vllm.connector.metadata import BlockLoad
+from ucm.integration.vllm.connector.metadata import BlendRegion, BlockLoad
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.request_state import RequestState
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -89,3 +89,28 @@ def chunk_loads(loaded: list[ChunkBlock], keys: KeySpace, view: StoreView) -> li
             loads.append(BlockLoad(keys.key(KeyKind.EXACT, piece.source), piece.start, len(piece.rows),
                                    piece.rope_delta, rows_from=piece.rows.start, stored_tokens=view.block_size))
     return loads
+
+
+def first_blend_step(state: RequestState, num_computed: int, local: int, view: StoreView,
+                     stats: UCMConnectorStats) -> tuple[BlendRegion | None, list[BlockLoad]]:
+    """The Blend region of the request's first step and the chunk blocks it loads. vLLM may take
+    fewer external tokens than offered (`local` cached here, `num_computed` counted as computed):
+    the region then ends where vLLM's count does, and the request reports the trim."""
+    plan = state.plan
+    if num_computed != state.blend_end or local + state.prefix_external != plan.prefix_tokens:
+        logger.warning("request %s: vLLM counts %d tokens computed, the Blend region ends at %d",
+                       state.request.request_id, num_computed, state.blend_end)
+        state.fall_back("external_trimmed", stats)
+    end = min(num_computed, state.blend_end)
+    if plan.prefix_tokens >= end:
+        return None, []
+    state.blended = True
+    tokens = state.request.prompt_token_ids
+    region = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio, state.selection,
+                         state.prompt_len, sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens,
+                         state.kv_shift)
+    loaded = [b for b in plan.loaded if b.placed.start < end]
+    if not state.preemptions:
+        stats.add("blended_requests")
+        stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
+    return region, chunk_loads(loaded, state.keys, view)

@@ -4,6 +4,7 @@ stored, and the report it ends with."""
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -16,6 +17,10 @@ from ucm.sparse.blend.plan import BlendPlan
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
+
+    from ucm.integration.vllm.connector.stats import UCMConnectorStats
+
+logger = logging.getLogger(__name__)
 
 
 class Phase(enum.Enum):
@@ -68,6 +73,12 @@ class RequestState:
     @property
     def allocated(self) -> bool:
         return self.phase is not Phase.PLANNED
+
+    def fall_back(self, reason: str, stats: UCMConnectorStats) -> None:
+        """Says why a request with loaded chunk KV is not (wholly) blended: counter, report and log."""
+        self.fallback = reason
+        stats.add(f"blend_fallbacks_{reason}")
+        logger.info("request %s: Blend falls back (%s)", self.request.request_id, reason)
 
     def report(self) -> dict:
         """What the cache did for the request (RequestOutput.kv_transfer_params)."""

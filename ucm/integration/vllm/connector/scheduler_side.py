@@ -27,11 +27,11 @@ from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
 from ucm.integration.vllm.connector.dump_plan import new_dumps
-from ucm.integration.vllm.connector.metadata import (BlendRegion, BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
+from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
-from ucm.integration.vllm.connector.request_lookup import RequestLookup, fall_back
-from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, chunk_loads
+from ucm.integration.vllm.connector.request_lookup import RequestLookup
+from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, first_blend_step
 from ucm.integration.vllm.connector.request_state import Phase, RequestState, count_only_reused_as_cached
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.connector.store_view import KeySpace, StoreView
@@ -367,27 +367,8 @@ class SchedulerSide:
             self.stats.add("store_prefix_tokens", state.prefix_external)
         if not loaded_between_steps:
             step.prefix_loads = self._prefix_loads(state, local)
-        plan = state.plan
         if state.blending:
-            start = local + state.prefix_external
-            if num_computed != state.blend_end or start != plan.prefix_tokens:
-                # vLLM took fewer external tokens than offered: blend what it counts as computed.
-                logger.warning("request %s: vLLM counts %d tokens computed, the Blend region ends at %d",
-                               state.request.request_id, num_computed, state.blend_end)
-                self._fall_back(state, "external_trimmed")
-            end = min(num_computed, state.blend_end)
-            if plan.prefix_tokens < end:
-                state.blended = True
-                tokens = state.request.prompt_token_ids
-                step.blend = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio,
-                                         state.selection, state.prompt_len,
-                                         sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens,
-                                         state.kv_shift)
-                loaded = [b for b in plan.loaded if b.placed.start < end]
-                if not state.preemptions:
-                    self.stats.add("blended_requests")
-                    self.stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
-                step.chunk_loads = chunk_loads(loaded, state.keys, self.view)
+            step.blend, step.chunk_loads = first_blend_step(state, num_computed, local, self.view, self.stats)
         step.dumps = self._dumps(state, num_computed + num_scheduled)
         return step if (step.prefix_loads or step.blend or step.dumps) else None
 
@@ -398,7 +379,7 @@ class SchedulerSide:
                 for b in range(local // bs, (local + state.prefix_external) // bs)]
 
     def _fall_back(self, state: RequestState, reason: str) -> None:
-        fall_back(state, reason, self.stats)
+        state.fall_back(reason, self.stats)
 
     def _dump_step(self, state: RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)

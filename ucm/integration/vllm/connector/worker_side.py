@@ -9,18 +9,18 @@ and the chunk blocks of a step load back to back into one staging tensor.
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 import torch
 
 from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend_models
-from ucm.integration.vllm.kv_layout import KVLayout, layout_for, slots_for_positions
+from ucm.integration.vllm.kv_layout import KVLayout, layer_index, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.background_loads import SLOW_PREFIX_READ_S, BackgroundLoads, bytes_view
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
+from ucm.integration.vllm.connector.read_layout import num_reads, read_destinations, staged_rows, whole_rows
 from ucm.integration.vllm.connector.rank_agreement import PeerLoadFailed, RankAgreement, tensor_parallel_rank_and_size
 from ucm.integration.vllm.connector.reused_buffers import ReusedBuffers
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -32,20 +32,6 @@ logger = logging.getLogger(__name__)
 
 # Attention backends whose metadata blend_forward can narrow to the selected tokens.
 BLEND_BACKENDS = ("CPU_ATTN",)
-
-_LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
-
-
-def layer_index(name: str) -> int:
-    m = _LAYER_INDEX.search(name)
-    if m is None:
-        raise ValueError(f"cannot find the layer index in attention layer name {name!r}")
-    return int(m.group(1))
-
-
-def _num_loads(meta: UCMConnectorMetadata) -> int:
-    return sum(len(req.chunk_loads) + len(req.prefix_loads) for req in meta.requests)
-
 
 class WorkerSide:
     def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, max_blend_rows: int | None = None,
@@ -138,7 +124,7 @@ class WorkerSide:
         if self.world > 1 and any(req.prefix_loads or req.chunk_loads or req.blend is not None
                                   for req in meta.requests):
             if not self._agreement.joined:  # the other ranks wait in the per-block agreement
-                self._agreement.loaded(_num_loads(meta), None)
+                self._agreement.loaded(num_reads(meta), None)
             if self._agreement.any_failed(failed is not None) and failed is None:
                 failed = PeerLoadFailed("another tensor-parallel rank's loads or placement failed")
         if failed is not None:
@@ -159,24 +145,10 @@ class WorkerSide:
         self._blend_requests = blends
         start = time.perf_counter()
         # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
-        # Chunk blocks land back to back in the staging tensor; a block partly covered by the
-        # exact prefix, or read in part through a reference, is read whole into a second buffer
-        # and trimmed into it; prefix blocks are read into that second buffer too.
-        staging = self._staging("chunk_rows", sum(ld.num_tokens - ld.skip for _, ld in chunks))
-        whole = self._staging("whole_blocks", sum(ld.stored_rows for _, ld in chunks if not ld.whole)
-                              + sum(ld.num_tokens for _, ld in prefix))
-        destinations, offset, at = [], 0, 0
-        for _, ld in chunks:
-            n = ld.num_tokens - ld.skip
-            if ld.whole:
-                destinations.append(staging[offset:offset + n])
-            else:
-                destinations.append(whole[at:at + ld.stored_rows])
-                at += ld.stored_rows
-            offset += n
-        for _, ld in prefix:
-            destinations.append(whole[at:at + ld.num_tokens])
-            at += ld.num_tokens
+        chunk_lds, prefix_lds = [ld for _, ld in chunks], [ld for _, ld in prefix]
+        staging = self._staging("chunk_rows", staged_rows(chunk_lds))
+        destinations = read_destinations(chunk_lds, prefix_lds, staging,
+                                         self._staging("whole_blocks", whole_rows(chunk_lds, prefix_lds)))
         keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
         task = self.store.load(keys, [bytes_view(d) for d in destinations])
         waited = time.perf_counter()

@@ -7,6 +7,8 @@ neither imports the other for it.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ucm.integration.vllm.kv_layout.base import KVLayout, slots_for_positions
@@ -17,6 +19,7 @@ __all__ = [
     "KVLayout",
     "CpuKVLayout",
     "FlashKVLayout",
+    "layer_index",
     "layout_for",
     "slots_for_positions",
     "SUPPORTED_BACKENDS",
@@ -27,6 +30,15 @@ _LAYOUTS: dict[str, type[KVLayout]] = {
     FlashKVLayout.backend_name: FlashKVLayout,
 }
 SUPPORTED_BACKENDS = tuple(_LAYOUTS)
+_LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> int:
+    """The index of an attention layer from its name (``model.layers.3.self_attn.attn`` -> 3)."""
+    m = _LAYER_INDEX.search(name)
+    if m is None:
+        raise ValueError(f"cannot find the layer index in attention layer name {name!r}")
+    return int(m.group(1))
 
 
 def layout_for(

@@ -5,6 +5,7 @@ import torch
 
 from ucm.sparse.blend.query_probe import (
     attention_mass,
+    concentrated_mass,
     oracle_layer_score,
     probe_candidates,
     probe_query_mask,
@@ -186,3 +187,29 @@ def test_oracle_layer_score_is_attention_times_v_error_norm():
     assert oracle_layer_score(mass, fresh, stale).tolist() == [2.5, 2.0, 0.0]
     with pytest.raises(ValueError, match="same tokens"):
         oracle_layer_score(mass[:2], fresh, stale)
+
+
+def test_concentrated_mass_sums_squared_shares_per_request_and_layer():
+    per_layer = torch.tensor([[1.0, 1.0, 2.0, 10.0, 30.0],   # request 0 (rows 0-2) spreads; request 1 concentrates
+                              [3.0, 0.0, 1.0, 0.0, 0.0]])
+    segment = torch.tensor([0, 0, 0, 1, 1])
+    got = concentrated_mass(per_layer, segment, 2)
+    want = torch.tensor([0.25 ** 2 + 0.75 ** 2, 0.25 ** 2, 0.5 ** 2 + 0.25 ** 2, 0.25 ** 2, 0.75 ** 2])
+    assert torch.allclose(got, want)
+
+
+def test_concentrated_mass_ranks_by_the_layer_that_retrieves_not_by_the_largest_mass():
+    """Layer 0 spreads a large mass (large V norms) over every token; layer 1 puts most of a small
+    mass on token 2. Summing masses ranks token 0 first; the squared shares rank token 2."""
+    per_layer = torch.tensor([[40.0, 35.0, 30.0, 35.0], [0.1, 0.1, 2.0, 0.1]])
+    segment = torch.zeros(4, dtype=torch.long)
+    assert int(per_layer.sum(0).argmax()) == 0
+    assert int(concentrated_mass(per_layer, segment, 1).argmax()) == 2
+
+
+def test_concentrated_mass_of_a_request_without_mass_is_zero_and_no_layers_give_zeros():
+    got = concentrated_mass(torch.zeros(2, 3), torch.tensor([0, 0, 1]), 2)
+    assert torch.equal(got, torch.zeros(3))
+    assert torch.equal(concentrated_mass(torch.zeros(0, 3), torch.tensor([0, 0, 1]), 2), torch.zeros(3))
+    with pytest.raises(ValueError, match="layers, n"):
+        concentrated_mass(torch.zeros(3), torch.tensor([0, 0, 1]), 2)

@@ -6,8 +6,9 @@ overlaps it only by chance, so ranking by deviation alone often spends the budge
 answer never looks at. The probe asks the question instead: the rows that follow the loaded
 chunks (the question) run through the check layer and later layers over the loaded KV, and each
 loaded token gets the attention probability those rows give it, weighted per head by the norm of
-its V and summed over heads, rows and the second half of the layers (`scored_layers`). The
-selection ranks the loaded tokens by that score alone. The early layers' attention is mostly
+its V and summed over heads and rows; over the second half of the layers (`scored_layers`) each
+layer adds the token's squared share of that layer's mass (`concentrated_mass`), so the layers
+that retrieve rank it. The selection ranks the loaded tokens by that score alone. The early layers' attention is mostly
 local and positional, and tokens that absorb attention without carrying content (delimiters)
 have small V: counting either spent the budget on tokens the answer does not read, and left
 the passage holding the answer stale on Qwen2.5-1.5B (docs/research.md, "Where the question
@@ -31,7 +32,7 @@ import torch
 
 from ucm.sparse.blend.hkvd import select_hkvd
 
-__all__ = ["attention_mass", "oracle_layer_score", "probe_candidates", "probe_query_mask",
+__all__ = ["attention_mass", "concentrated_mass", "oracle_layer_score", "probe_candidates", "probe_query_mask",
            "query_weighted_score", "rows_after_loaded", "scored_layers"]
 
 # Question rows whose attention is summed, per request: the last ones, next to the answer; they ranked
@@ -48,6 +49,24 @@ def scored_layers(num_layers: int, check_layer: int) -> range:
     """The layers whose attention ranks the loaded tokens: from SCORED_DEPTH of the depth on,
     after the check layer (the probe's rows run from the check layer on)."""
     return range(max(check_layer + 1, int(SCORED_DEPTH * num_layers)), num_layers)
+
+
+def concentrated_mass(per_layer: torch.Tensor, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """The probe's score from each scored layer's attention mass ``[layers, n]``: per layer and
+    request, each row's share of the request's mass, squared, summed over the layers. ``[n]``.
+
+    A layer whose attention concentrates on a few tokens (one that retrieves) adds their squared
+    shares in full; a layer that spreads its attention adds little. Summing the masses themselves
+    let the layers with the largest V norms rank alone, whatever they read.
+    """
+    if per_layer.dim() != 2 or segment_ids.shape != per_layer.shape[1:]:
+        raise ValueError(f"per_layer must be [layers, n] and segment_ids [n]; got {tuple(per_layer.shape)} "
+                         f"and {tuple(segment_ids.shape)}")
+    seg = segment_ids.to(device=per_layer.device, dtype=torch.long)
+    totals = torch.zeros((per_layer.shape[0], num_segments), dtype=per_layer.dtype, device=per_layer.device)
+    totals.index_add_(1, seg, per_layer)
+    share = per_layer / totals[:, seg].clamp(min=torch.finfo(per_layer.dtype).tiny)
+    return share.square().sum(0)
 
 
 # Candidates per selected token: the top `CANDIDATE_FACTOR * ratio` of a probed request's loaded tokens

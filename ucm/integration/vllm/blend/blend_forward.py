@@ -33,8 +33,8 @@ from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.gradual import narrowed
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
-from ucm.sparse.blend.query_probe import (probe_candidates, probe_query_mask, query_weighted_score,
-                                          rows_after_loaded, scored_layers)
+from ucm.sparse.blend.query_probe import (concentrated_mass, probe_candidates, probe_query_mask,
+                                          query_weighted_score, rows_after_loaded, scored_layers)
 from ucm.sparse.blend.runs import pseudo_request_metadata
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 
@@ -152,9 +152,10 @@ def _score_loaded_rows(model, step: BlendStep, batch: ForwardBatch, roles: _RowR
     tp = get_tensor_model_parallel_world_size() > 1
     candidates = mass = None
     if bool(roles.probed.any()):
-        mass = _query_attention_mass(model, step, b, hidden, residual, roles.probe_rows, roles.probe_queries)
-        if tp:
-            mass = tensor_model_parallel_all_reduce(mass)
+        per_layer = _query_attention_mass(model, step, b, hidden, residual, roles.probe_rows, roles.probe_queries)
+        if tp:  # the shares need every head's mass
+            per_layer = tensor_model_parallel_all_reduce(per_layer)
+        mass = concentrated_mass(per_layer, b.segment, num_reqs)
         candidates = probe_candidates(mass, roles.loaded, roles.probed[b.segment], b.segment, batch.ratios,
                                       num_segments=num_reqs)
         # The candidates start their recomputation here; the attention alone ranks them, so no
@@ -346,7 +347,7 @@ def _check_layer_kv(layer, hidden, residual, positions) -> tuple[torch.Tensor | 
 def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual, run_rows,
                           queries) -> torch.Tensor:
     """Attention mass the question rows give each row of the batch, weighted by each row's V norm,
-    over the deep layers that rank (query_probe.scored_layers).
+    in each of the deep layers that rank (query_probe.scored_layers): ``[layers, n]``.
 
     `run_rows` (every row without loaded KV of the probed requests) go through the check layer and
     every later one over the loaded KV, i.e. the full-reuse state; the queries of the `queries` rows
@@ -363,8 +364,8 @@ def _query_attention_mass(model, step: BlendStep, b: BlendRows, hidden, residual
     with captured_queries(attns, keep) as captured:
         run_subset(model.layers[step.check_layer:], b, pseudo, hidden, residual)
     q_rows = pseudo.token_indices[keep]  # batch rows of the captured queries, in capture order
-    mass = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    mass = torch.zeros((len(layers), n), dtype=torch.float32, device=hidden.device)
     with b.faults.guarded("probe"):
-        for i, attn, q in zip(layers, attns, captured):
-            mass += layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale, weigh_by_values=True)
+        for row, (i, attn, q) in enumerate(zip(layers, attns, captured)):
+            mass[row] = layer_attention_mass(b, step.caches[i], q, q_rows, attn.impl.scale, weigh_by_values=True)
     return mass

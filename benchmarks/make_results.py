@@ -69,7 +69,31 @@ _VARIANTS = ("experiment modes (a patch not kept, the same forward otherwise): q
              "V-weighted mass over the second half")
 _HELD = (f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
          "--max-tokens 4 --kl-tokens 1 --sweep --ratios 0.15 --no-plot")
+_SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blend 0.15 is the rule before): "
+           "query_all weighs V norms over every layer after the check layer, query_norm counts each scored layer's "
+           "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
+           "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen15_probe_shares_gen80_119.json", "The layers that retrieve, on fresh questions: Qwen2.5-Coder-1.5B-Instruct "
+     f"on generated questions 80-119 (never used before), the rule before against query_sq ({_SHARES})",
+     f"{_HELD} --skip-questions 80 --num-questions 40 --selections query,query_sq "
+     "--out benchmarks/results/qwen15_probe_shares_gen80_119.json (with the patch)"),
+    ("qwen15_probe_shares_gen60_79.json", "The layers that retrieve, a development set: Qwen2.5-Coder-1.5B-Instruct "
+     f"on generated questions 60-79 ({_SHARES})",
+     f"{_HELD} --skip-questions 60 --num-questions 20 --selections query,query_norm,query_maxl,query_sq "
+     "--out benchmarks/results/qwen15_probe_shares_gen60_79.json (with the patch)"),
+    ("smollm2_probe_shares_quality16.json", f"The layers that retrieve on SmolLM2's fixed set (make quality's 16 "
+     f"questions, float32; {_SHARES})",
+     f"{_Q} --generated --num-questions 16 --passages 10 --passage-words 120 --sweep --ratios 0.15 "
+     "--selections query,query_norm,query_maxl,query_sq --kl-tokens 1 --no-plot "
+     "--out benchmarks/results/smollm2_probe_shares_quality16.json (with the patch)"),
+    ("qwen15_probe_shares_q33.json", f"The layers that retrieve, diagnosed on held-out question 33 (the oracle "
+     f"answered it, the rule did not; {_SHARES} and query_all)",
+     f"{_HELD} --no-warmup --skip-questions 33 --num-questions 1 --selections "
+     "query,query_all,query_norm,query_maxl,query_sq --out benchmarks/results/qwen15_probe_shares_q33.json (with the patch)"),
+    ("qwen15_probe_shares_q53.json", "The same on held-out question 53", f"{_HELD} --no-warmup --skip-questions 53 "
+     "--num-questions 1 --selections query,query_all,query_norm,query_maxl,query_sq "
+     "--out benchmarks/results/qwen15_probe_shares_q53.json (with the patch)"),
     ("qwen05_long_vn_bf16_gen8.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts with the query rule as committed "
      "(V norms, the second half of the layers): 8 generated questions of 10 passages x 450 words (~5.4k tokens; the "
      "first 4 are those of qwen05_long_ratios_generated4.json), bfloat16 (the faster dtype on this host), nothing "
@@ -695,6 +719,10 @@ LATEST = [
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_vn_gen20_59.json"),
     ("The ranking's ceiling on the held-out questions: the oracle at 0.15 (1.5B)", "qwen15_oracle_gen20_59.json"),
+    ("The layers that retrieve: the rule before and squared shares on fresh questions (1.5B)",
+     "qwen15_probe_shares_gen80_119.json"),
+    ("The layers that retrieve: variants on a development set (1.5B)", "qwen15_probe_shares_gen60_79.json"),
+    ("The layers that retrieve: variants on SmolLM2's fixed set", "smollm2_probe_shares_quality16.json"),
     ("Where the question reads: the rule before and two variants on the held-out questions (1.5B)",
      "qwen15_probe_depth_gen20_59.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, generated questions", "qwen05_query_vn_gen8.json"),

@@ -293,10 +293,14 @@ QUALITY_RUNS = [
      f"{_Q} --min-question-tokens 32 --num-questions 4 --selections query --kl-tokens 1 --max-tokens 8 --no-plot "
      "--out benchmarks/results/query_fix_musique_longq4.json"),
     ("quality_check.json", "The fixed quality check's accepted run (make quality): generated set, 16 questions, 10 "
-     "passages x 120 words, the query rule ranking by the question's attention weighted by each token's V norm over "
-     "the second half of the layers (before: 0.0771 by the attention of every layer after the check layer, "
+     "passages x 120 words, the query rule scoring each token by its squared share of each deep layer's V-weighted "
+     "attention (before: 0.0828 by the V-weighted sum over the second half of the layers, "
+     "quality_check_vnorm_half_depth.json; 0.0771 by the attention of every layer after the check layer, "
      "quality_check_attention_every_layer.json; 0.1873 with attention x the deviation's norm; 0.2041 with "
      "attention per cost)",
+     "python benchmarks/quality_check.py --accept"),
+    ("quality_check_vnorm_half_depth.json", "The fixed quality check's accepted run before the squared shares: the "
+     "question's attention weighted by V norms, summed over the second half of the layers",
      "python benchmarks/quality_check.py --accept"),
     ("quality_check_attention_every_layer.json", "The fixed quality check's accepted run before the V norm and the "
      "second half of the layers: the question's attention over every layer after the check layer",

@@ -74,6 +74,11 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen15_query_shares_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct on the 40 held-out generated questions (20-59) "
+     "with the query rule as committed (squared shares of each deep layer's V-weighted attention), bfloat16, "
+     "nothing else running (the V-weighted sum before: qwen15_query_vn_gen20_59.json)",
+     f"{_HELD} --skip-questions 20 --num-questions 40 --selections query "
+     "--out benchmarks/results/qwen15_query_shares_gen20_59.json"),
     ("qwen15_probe_shares_gen80_119.json", "The layers that retrieve, on fresh questions: Qwen2.5-Coder-1.5B-Instruct "
      f"on generated questions 80-119 (never used before), the rule before against query_sq ({_SHARES})",
      f"{_HELD} --skip-questions 80 --num-questions 40 --selections query,query_sq "
@@ -716,12 +721,12 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_query_vn_gen20_59.json", "qwen05_long_vn_bf16_gen8.json"]
+HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_vn_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_vn_gen20_59.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_shares_gen20_59.json"),
     ("The ranking's ceiling on the held-out questions: the oracle at 0.15 (1.5B)", "qwen15_oracle_gen20_59.json"),
     ("The layers that retrieve: the rule before and squared shares on fresh questions (1.5B)",
      "qwen15_probe_shares_gen80_119.json"),

@@ -492,6 +492,13 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf110_hang300_bf16.json", "A mount that hangs under the stream: the Zipf stream, 110 requests at "
+     "concurrency 2, SmolLM2 in bfloat16, one untimed warm-up request per server, Blend's store behind a FUSE mount "
+     "whose opens, reads and writes hang from 60 s into the run for 300 s (stats and listings answer, as an NFS "
+     "client with cached attributes), plain vLLM then Blend back to back, nothing else running (2026-11-28, a "
+     "thirteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
+     "--mount 'hang=open+read+write@60/300' --out benchmarks/results/rag_traffic_zipf110_hang300_bf16.json", None),
     ("rag_traffic_zipf48_c2_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, bfloat16 on an "
      "AVX-512-BF16 host, the README's config at ratio 0.15, plain vLLM then Blend back to back, nothing else running "
      "(2026-11-28, a tenth session)",
@@ -765,6 +772,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
+    ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
@@ -915,7 +923,29 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
              f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
     alone = [line for run in data["runs"] for line in alone_lines(run)]
-    return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *store_lines(data), *instances_table(data)]
+    return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *store_lines(data), *instances_table(data),
+            *mount_lines(data)]
+
+
+def mount_lines(data: dict) -> list[str]:
+    """Per run of a stream whose Blend store sat behind a misbehaving mount (--mount): the fault's
+    window, requests/s in it and the minute after, when blending resumed, resident memory."""
+    spec = data["config"].get("mount")
+    if not spec:
+        return []
+    out = ["", f"Blend's store behind a FUSE mount: `{spec}`.", ""]
+    for run in data["runs"]:
+        s, rss = run["summary"], [mb for _, mb in run.get("rss_mb", [])]
+        line = f"- {run['server']} {run['load']}:"
+        if "window_requests_per_s" in s:
+            after = s.get("first_blend_after_release_s")
+            line += (f" {s['window_requests_per_s']:.3f} requests/s in the fault's window, "
+                     f"{s['after_window_requests_per_s']:.3f} in the minute after"
+                     + ("" if after is None else f", first blend {after:.0f} s after the release") + ";")
+        if rss:
+            line += f" engine resident memory {min(rss)}-{max(rss)} MB."
+        out.append(line)
+    return out
 
 
 def store_lines(data: dict) -> list[str]:

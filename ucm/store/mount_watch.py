@@ -33,8 +33,14 @@ Returned = Callable[[Task, Any], None]  # what the store does with a timed-out t
 
 class MountWatch:
     def __init__(self, name: str, lookup_timeout_s: float, backoff_s: float, backoff_max_s: float,
-                 poll: Poll, collect: Collect, returned: Returned, warn_once: Callable[..., None]):
+                 poll: Poll, collect: Collect, returned: Returned, warn_once: Callable[..., None],
+                 probe: Callable[[], bool] | None = None):
         self.name = name  # the store's first root, for the log
+        # A cheap call into the mount (the root's marker read) that says it answers again.
+        self._probe = probe
+        # The store stays down because IO that timed out has not returned (a back-off ended and was
+        # started again): once it returns, the mount is probed at once instead of at the back-off's end.
+        self._held_by_io = False
         self.lookup_timeout_s = lookup_timeout_s
         self.breaker = Breaker(backoff_s, backoff_max_s)
         self._poll, self._collect, self._returned, self._warn_once = poll, collect, returned, warn_once
@@ -63,10 +69,18 @@ class MountWatch:
     # -- down or up ------------------------------------------------------------------------
     def down(self) -> bool:
         """Whether the store counts as down now. At the end of a back-off the store is tried
-        again only if the IO that timed out has returned: until the mount answers it, it is down."""
+        again only if the IO that timed out has returned: until the mount answers it, it is down.
+        When that IO returns during a back-off it started again (a hang released), the mount is
+        probed at once and the store is up again if it answers, without waiting the back-off out."""
         if self.breaker.is_open():
+            if self._held_by_io and not self._io_blocked():
+                self._held_by_io = False
+                if self._probe is not None and self.metadata(self._probe, "probe after a hang") is True:
+                    self.answered()
+                    return False
             return True
         if self.breaker.is_trial() and self._io_blocked():
+            self._held_by_io = True
             self.breaker.trip()
             return True
         return False
@@ -100,7 +114,8 @@ class MountWatch:
                            self.name, what, backoff)
 
     def answered(self) -> None:
-        """A load or dump completed within its deadline."""
+        """A load or dump completed within its deadline (or the probe after a hang answered)."""
+        self._held_by_io = False
         down_s = self.breaker.recovered()
         if down_s is not None:
             logger.warning("store %s answers again after %.0f s down", self.name, down_s)

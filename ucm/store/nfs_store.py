@@ -60,7 +60,8 @@ class UcmNfsStore(KVStoreBase):
         # Deadlines, timed-out tasks and the down state of a mount that may stop answering.
         self._watch = MountWatch(self._layout.backends[0], cfg.lookup_timeout_s, cfg.down_backoff_s,
                                  cfg.down_backoff_max_s, lambda t: self._engine.poll(t.native_id),
-                                 lambda t: self._engine.wait(t.native_id), self._late_outcome, self._log.warn)
+                                 lambda t: self._engine.wait(t.native_id), self._late_outcome, self._log.warn,
+                                 probe=self._roots_intact)
         self._pid = os.getpid()
         self._housekeeper = Housekeeper(self._layout, self._limiter, cfg.temp_grace_s, cfg.usage_rescan_s)
         if self._limiter is not None:

@@ -914,6 +914,18 @@ def test_a_store_down_on_a_worker_makes_the_schedulers_lookups_miss(tmp_path):
     assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (21, False)
 
 
+def test_the_schedulers_store_follows_the_workers_for_a_few_seconds_per_report(tmp_path):
+    """A worker reports a minute of back-off left: the scheduler holds its store down for at most
+    STORE_DOWN_HOLD_S, renewed by each report while the worker's store stays down, so it is up
+    again within that of the worker's (whose back-off may end early when the mount answers)."""
+    from ucm.integration.vllm.connector import scheduler_side
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path, store_extra={"down_backoff_s": 1, "down_backoff_max_s": 120}, admission=STORE_ALL)
+    side.take_report(UCMWorkerReport(store_down_s=60.0))
+    assert 0 < side.store.down_for_s() <= scheduler_side.STORE_DOWN_HOLD_S
+
+
 def test_worker_reports_aggregate_the_longest_store_down_time():
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 

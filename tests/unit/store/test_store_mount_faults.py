@@ -128,3 +128,22 @@ def test_the_bandwidth_cap_is_one_link_for_all_readers(mount):
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(read, names)) == [1_000_000] * 4
     assert time.monotonic() - t0 > 0.19
+
+
+def test_after_a_long_hang_the_store_is_up_as_soon_as_the_mount_answers(mount, make_store):
+    """Reads hang for several back-offs (the back-off grows towards its maximum, 30 s here): when
+    the mount is released, the timed-out reads return and a probe of the mount answers, so the
+    store is up again within a second or so, not at the end of the back-off it was in."""
+    store = make_store(storage_backends=str(mount.mountpoint), load_timeout_s=0.5, lookup_timeout_s=1,
+                       down_backoff_s=0.2, down_backoff_max_s=30)
+    keys = [key_of(i) for i in range(2)]
+    assert store.wait(store.dump(keys, [block_for(k, 4096) for k in keys], [1] * 2)) == [True] * 2
+    mount.set(hang=["open", "read"])
+    assert _load(store, keys)[0] == [False] * 2
+    _until(lambda: store.down_for_s() > 2.5, seconds=10)  # back-offs end and start again, doubling
+    assert store.stats().down_trips > 2
+    mount.set()
+    t0 = time.monotonic()
+    _until(lambda: store.down_for_s() == 0, seconds=5)
+    assert time.monotonic() - t0 < 1.5  # the back-off it was in had over 2.5 s left
+    assert _load(store, keys)[0] == [True] * 2

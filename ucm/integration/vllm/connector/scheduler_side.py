@@ -57,6 +57,10 @@ KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 # read between steps for this long (a read between steps costs its request a step or two, which
 # a fast read does not repay).
 SLOW_READS_HOLD_S = 60.0
+# A worker whose store is down says so in every step's report; the scheduler's store follows it
+# for at most this long per report, so it is up again soon after the worker's is (the worker's
+# back-off can be a minute, and it may end early when a hung mount answers again).
+STORE_DOWN_HOLD_S = 5.0
 
 
 class SchedulerSide:
@@ -133,7 +137,7 @@ class SchedulerSide:
             self._distrust(req_id, "blend_error")
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
-            self.view.store.hold_down(report.store_down_s)
+            self.view.store.hold_down(min(report.store_down_s, STORE_DOWN_HOLD_S))
         if report.slow_prefix_read_s:
             self.slow_reads_until = time.monotonic() + SLOW_READS_HOLD_S
 

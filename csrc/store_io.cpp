@@ -816,10 +816,8 @@ class IoEngine {
                      S_ISREG(st.st_mode);
         }
       };
-      // On a mount every stat is one or more round trips to the server, in the scheduler's step:
-      // a request's few hundred blocks are looked up on every IO thread at once. (On a local disk
-      // a thread costs about what a few dozen stats do.)
-      size_t parts = std::min<size_t>(workers_.size(), paths.size() / 32);
+      // Parallel stats only pay off for large batches (NFS round trips).
+      size_t parts = std::min<size_t>(workers_.size(), paths.size() / 512);
       if (parts <= 1) {
         run(0, paths.size());
       } else {

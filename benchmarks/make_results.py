@@ -492,6 +492,21 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_latency5_bf16.json", "A slow mount under the stream: the Zipf stream, 48 requests at concurrency "
+     "2, SmolLM2 in bfloat16, Blend alone, its store behind a FUSE mount that adds 5 ms to every file operation (a "
+     "loaded NFS server); a test suite shared the cores for about a minute (2026-11-28, a thirteenth session). The "
+     "same stream on the plain directory: rag_traffic_zipf48_dir_bf16.json; with the store's stats in parallel from "
+     "32 paths (a change reverted): rag_traffic_zipf48_latency5_parallel_bf16.json",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_bf16.json", None),
+    ("rag_traffic_zipf48_dir_bf16.json", "The same stream, Blend's store on the plain directory, right after",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --out benchmarks/results/rag_traffic_zipf48_dir_bf16.json", None),
+    ("rag_traffic_zipf48_latency5_parallel_bf16.json", "The +5 ms stream again with the store's stats in parallel from "
+     "32 paths on (a change measured and reverted)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_parallel_bf16.json "
+     "(code ba167a8)", None),
     ("rag_traffic_zipf110_hang300_bf16.json", "A mount that hangs under the stream: the Zipf stream, 110 requests at "
      "concurrency 2, SmolLM2 in bfloat16, one untimed warm-up request per server, Blend's store behind a FUSE mount "
      "whose opens, reads and writes hang from 60 s into the run for 300 s (stats and listings answer, as an NFS "
@@ -773,6 +788,8 @@ LATEST = [
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_bf16.json"),
+    ("RAG stream with 5 ms added to every file operation of the store's mount", "rag_traffic_zipf48_latency5_bf16.json"),
+    ("The same stream on the plain directory", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),

@@ -74,6 +74,12 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen05_long_shares_bf16_gen8.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts with the query rule as committed "
+     "(squared shares of each deep layer's V-weighted attention): the 8 generated questions of "
+     "qwen05_long_vn_bf16_gen8.json (the V-weighted sum), bfloat16, nothing else running",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --num-questions 8 --selections query "
+     "--max-tokens 8 --kl-tokens 1 --sweep --ratios 0.15,0.3 --no-plot "
+     "--out benchmarks/results/qwen05_long_shares_bf16_gen8.json"),
     ("qwen15_query_shares_gen20_59.json", "Qwen2.5-Coder-1.5B-Instruct on the 40 held-out generated questions (20-59) "
      "with the query rule as committed (squared shares of each deep layer's V-weighted attention), bfloat16, "
      "nothing else running (the V-weighted sum before: qwen15_query_vn_gen20_59.json)",
@@ -743,7 +749,7 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream o
                     ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
-HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_vn_bf16_gen8.json"]
+HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
@@ -779,7 +785,7 @@ LATEST = [
     ("Gradual filtering (several check layers) on MuSiQue, SmolLM2", "smollm2_musique20_gradual.json"),
     ("One check layer on MuSiQue, SmolLM2 (gradual filtering's reference)", "smollm2_musique20_one_layer.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
-    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_vn_bf16_gen8.json"),
+    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16_vn.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),

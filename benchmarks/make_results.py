@@ -469,6 +469,15 @@ HEADLINE_SERVE = "serve_bench_c4_bf16_vn.json"  # the README's replay rows: the 
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_after_split.json", "Issue 55's check, after the split: the replay at concurrency 4 from the commit "
+     "that split the scheduler side (3fccdfb, after the forward's phases 35ea0d3), float32 as that code's "
+     "benchmarks ran, right after the run before the split (serve_bench_c4_before_split.json, a11829a); same host, "
+     "nothing else running (2026-11-28, a thirteenth session)",
+     "python benchmarks/serve_bench.py --concurrency 4 --no-plain --no-plot --out "
+     "benchmarks/results/serve_bench_c4_after_split.json (from a worktree at 3fccdfb)"),
+    ("serve_bench_c4_before_split.json", "Issue 55's check, before the split: the same replay from a11829a",
+     "python benchmarks/serve_bench.py --concurrency 4 --no-plain --no-plot --out "
+     "benchmarks/results/serve_bench_c4_before_split.json (from a worktree at a11829a)"),
     ("serve_bench_c4_bf16_vn.json", "Serving under load in bfloat16 against plain vLLM after the query rule's V norms "
      "over the second half of the layers and async_prefix_loads \"auto\" (2026-11-28, a twelfth session, the same "
      "host, nothing else running)",

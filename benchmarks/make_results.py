@@ -507,6 +507,14 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_24_after_split.json", "Issue 55's check, after the split: the Zipf stream, 24 requests at concurrency "
+     "2, Blend alone, from the commit that split the scheduler side (3fccdfb), float32 as that code's benchmarks ran, "
+     "right after the run before the split (rag_traffic_24_before_split.json, a11829a); same host, nothing else running",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --warmup 1 --alone 0 "
+     "--out benchmarks/results/rag_traffic_24_after_split.json (from a worktree at 3fccdfb)", None),
+    ("rag_traffic_24_before_split.json", "Issue 55's check, before the split: the same stream from a11829a",
+     "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --warmup 1 --alone 0 "
+     "--out benchmarks/results/rag_traffic_24_before_split.json (from a worktree at a11829a)", None),
     ("rag_traffic_zipf48_latency5_bf16.json", "A slow mount under the stream: the Zipf stream, 48 requests at concurrency "
      "2, SmolLM2 in bfloat16, Blend alone, its store behind a FUSE mount that adds 5 ms to every file operation (a "
      "loaded NFS server); a test suite shared the cores for about a minute (2026-11-28, a thirteenth session). The "

@@ -8,13 +8,13 @@ chunks (the question) run through the check layer and later layers over the load
 loaded token gets the attention probability those rows give it, weighted per head by the norm of
 its V and summed over heads and rows; over the second half of the layers (`scored_layers`) each
 layer adds the token's squared share of that layer's mass (`concentrated_mass`), so the layers
-that retrieve rank it. The selection ranks the loaded tokens by that score alone. The early layers' attention is mostly
-local and positional, and tokens that absorb attention without carrying content (delimiters)
-have small V: counting either spent the budget on tokens the answer does not read, and left
-the passage holding the answer stale on Qwen2.5-1.5B (docs/research.md, "Where the question
-reads"). The top candidates by
-attention (CANDIDATE_FACTOR x the ratio) run the layers before the check layer, where the
-recomputation of the selected ones starts. The check layer's deviation does not weigh the
+that retrieve rank it. The selection ranks the loaded tokens by that score alone. The early
+layers' attention is mostly local and positional, and tokens that absorb attention without
+carrying content (delimiters) have small V: counting either spent the budget on tokens the
+answer does not read, and left the passage holding the answer stale on Qwen2.5-1.5B
+(docs/research.md, "Where the question reads"). The top candidates by attention
+(CANDIDATE_FACTOR x the ratio) run the layers before the check layer, where the recomputation
+of the selected ones starts. The check layer's deviation does not weigh the
 ranking: multiplying by it left the passage that holds the answer stale on Qwen2.5-1.5B where
 attention alone, and the oracle, did not (docs/research.md, "Attention alone"); a request without
 question rows is ranked by the deviation alone (HKVD). Only the question's rows are computed twice.

@@ -154,7 +154,7 @@ class SchedulerSide:
         if reason in ("forward_missing", "blend_error"):
             state.blended = False
         if state.fallback != reason:
-            self._fall_back(state, reason)
+            state.fall_back(reason, self.stats)
 
     # ---- chunk layout -------------------------------------------------------------------
 
@@ -202,7 +202,7 @@ class SchedulerSide:
                 state.exact_limit = first_approx
                 self.hashes.salt(request, first_approx // self.block_size, state.preemptions)
         elif resumed is not None:
-            self._fall_back(state, "preempted")  # its chunk KV is gone from the store: computed in full
+            state.fall_back("preempted", self.stats)  # its chunk KV is gone from the store: computed in full
         self._states[request.request_id] = state
         if state.blending:
             return state.blend_end - num_computed_tokens, False
@@ -251,7 +251,7 @@ class SchedulerSide:
         self._errors.error("lookup", exc, "the request is computed by vLLM and nothing of it is stored")
         self.stats.add("lookup_errors")
         state = self.lookup.unplanned(request, num_computed_tokens)
-        self._fall_back(state, "blend_error")
+        state.fall_back("blend_error", self.stats)
         return state
 
     def update_state_after_alloc(self, request: Request, blocks, num_external_tokens: int) -> None:
@@ -366,7 +366,7 @@ class SchedulerSide:
                 logger.warning("request %s: ignoring %s (not allowed by ucm_sparse_config.Blend.request_params / "
                                "allow_oracle)", state.request.request_id, ", ".join(state.refused))
             if state.fallback in ("few_hits", "region_cut", "adapter_unreadable"):
-                self._fall_back(state, state.fallback)
+                state.fall_back(state.fallback, self.stats)
             self.stats.add("local_prefix_tokens", local)
             self.stats.add("store_prefix_tokens", state.prefix_external)
         if not loaded_between_steps:
@@ -381,9 +381,6 @@ class SchedulerSide:
         bs, hashes = self.block_size, self.hashes.original(state.request)
         return [BlockLoad(state.keys.key(KeyKind.EXACT, hashes[b]), b * bs, bs)
                 for b in range(local // bs, (local + state.prefix_external) // bs)]
-
-    def _fall_back(self, state: RequestState, reason: str) -> None:
-        state.fall_back(reason, self.stats)
 
     def _dump_step(self, state: RequestState, num_computed: int, num_scheduled: int) -> RequestStep | None:
         dumps = self._dumps(state, num_computed + num_scheduled)

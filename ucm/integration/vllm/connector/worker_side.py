@@ -149,7 +149,7 @@ class WorkerSide:
         staging = self._staging("chunk_rows", staged_rows(chunk_lds))
         destinations = read_destinations(chunk_lds, prefix_lds, staging,
                                          self._staging("whole_blocks", whole_rows(chunk_lds, prefix_lds)))
-        keys = [self.store_key(ld.key) for _, ld in chunks] + [self.store_key(ld.key) for _, ld in prefix]
+        keys = [self.store_key(ld.key) for ld in chunk_lds + prefix_lds]
         task = self.store.load(keys, [bytes_view(d) for d in destinations])
         waited = time.perf_counter()
         ok = self._agreement.loaded(len(keys), self.store.wait(task))

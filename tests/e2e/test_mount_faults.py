@@ -26,8 +26,8 @@ def test_a_mount_whose_reads_hang_costs_one_timeout_then_blending_resumes(engine
     from ucm.integration.vllm.llm import ucm_transfer_config
 
     with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
-        store = {"load_timeout_s": LOAD_TIMEOUT_S, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 10.0,
-                 "down_backoff_s": BACKOFF_S, "down_backoff_max_s": BACKOFF_MAX_S}
+        store = {"load_timeout_s": LOAD_TIMEOUT_S, "load_min_mb_s": 0, "lookup_timeout_s": LOOKUP_TIMEOUT_S,
+                 "dump_timeout_s": 10.0, "down_backoff_s": BACKOFF_S, "down_backoff_max_s": BACKOFF_MAX_S}
         llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(
             mount.mountpoint, blend_ratio=0.15, blend_options=STORE_ALL, store_options=store), disable_log_stats=False)
         questions = [prompts(llm, seed=900 + i) for i in range(3)]
@@ -73,7 +73,9 @@ def test_a_request_whose_prefix_read_hangs_does_not_hold_the_others(engine_facto
     from ucm.integration.vllm.llm import ucm_transfer_config
 
     with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
-        store = {"load_timeout_s": 120.0, "lookup_timeout_s": LOOKUP_TIMEOUT_S, "dump_timeout_s": 120.0}
+        # The read hangs until released: no deadline shorter than the test's (load_min_mb_s 0).
+        store = {"load_timeout_s": 120.0, "load_min_mb_s": 0, "lookup_timeout_s": LOOKUP_TIMEOUT_S,
+                 "dump_timeout_s": 120.0}
         llm = engine_factory(model_dir, kv_transfer_config=ucm_transfer_config(mount.mountpoint, store_options=store,
                                                                                async_prefix_loads=setting),
                              disable_log_stats=False)

@@ -128,6 +128,11 @@ class KVStoreBase(ABC):
         dump -> the block is stored (now or already before). A store with deadlines gives up after
         `timeout_s` (None: its own for the kind of task) and reports the task's keys as failed."""
 
+    def load_deadline_s(self, task: Task) -> float | None:
+        """How long `wait` gives this load (None: no deadline): callers that poll a load rather
+        than wait for it give up at the same point."""
+        return None
+
     @property
     def metadata_timeout_s(self) -> float | None:
         """The deadline of metadata calls (lookups); for small reads a caller must not stall on

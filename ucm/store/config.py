@@ -12,6 +12,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 GB = 1 << 30
+# The part of a load's deadline that does not grow with its bytes (opens, a cold attribute cache).
+LOAD_GRACE_S = 2.0
 HEADER_BYTES_MIN = 4096  # a block file's header region: no smaller capacity can hold a block
 # Keys of UCM's own store schema that mean nothing here: accepted, with a note.
 UCM_NO_EFFECT_KEYS = frozenset({"kv_block_size", "use_layerwise", "load_only_first_rank", "role", "device",
@@ -86,6 +88,10 @@ class NfsStoreConfig:
     # A load not finished by then is a miss (the blocks are recomputed): a hung mount must not
     # stall the engine. Its buffers stay pinned until the IO returns. 0: wait for ever.
     load_timeout_s: float = 30.0
+    # A load is also given up once it runs slower than this (after LOAD_GRACE_S): a step waits for
+    # its loads, so a stalled mount should cost what its bytes would take on a slow link, not
+    # load_timeout_s. 0: load_timeout_s alone.
+    load_min_mb_s: float = 20.0
     # A dump not written by then counts as not stored for its caller, which stops waiting (the
     # worker waits for its dumps before each step's loads: a hung mount must not stall it). The IO
     # goes on in the background, buffers pinned, and is accounted when it returns. 0: wait for ever.
@@ -138,6 +144,7 @@ class NfsStoreConfig:
             usage_rescan_s=_number(d, "usage_rescan_s", 60.0, minimum=0.0),
             touch_interval_s=_number(d, "touch_interval_s", 1.0, minimum=0.0),
             load_timeout_s=_number(d, "load_timeout_s", 30.0, minimum=0.0),
+            load_min_mb_s=_number(d, "load_min_mb_s", 20.0, minimum=0.0),
             dump_timeout_s=_number(d, "dump_timeout_s", 60.0, minimum=0.0),
             lookup_timeout_s=_number(d, "lookup_timeout_s", 5.0, minimum=0.0),
             dump_queue_mb=_number(d, "dump_queue_mb", 1024.0, minimum=0.0),

@@ -19,7 +19,7 @@ from ucm.cpus import other_cpus
 from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byte_view, validate_keys
 from ucm.store.block_format import file_size, read_header
 from ucm.store.capacity import CapacityLimiter
-from ucm.store.config import NfsStoreConfig
+from ucm.store.config import LOAD_GRACE_S, NfsStoreConfig
 from ucm.store.dram_store import DramStore
 from ucm.store.housekeeping import Housekeeper
 from ucm.store.layout import BlockLayout
@@ -190,7 +190,7 @@ class UcmNfsStore(KVStoreBase):
             return list(task.results)
         self._watch.reap()
         if timeout_s is None:
-            timeout_s = self.config.load_timeout_s if task.kind == "load" else self.config.dump_timeout_s
+            timeout_s = self.load_deadline_s(task) if task.kind == "load" else self.config.dump_timeout_s
         done = self._engine.wait(task.native_id, timeout_s or -1.0)
         if done is None:
             return self._abandon(task, timeout_s) if task.kind == "load" else self._abandon_dump(task)
@@ -203,6 +203,16 @@ class UcmNfsStore(KVStoreBase):
         self._log_direct_fallback()
         task.results = results
         return list(results)
+
+    def load_deadline_s(self, task: Task) -> float | None:
+        """load_timeout_s, or less for a small load: LOAD_GRACE_S plus its bytes at load_min_mb_s."""
+        cfg = self.config
+        if not cfg.load_timeout_s:
+            return None
+        if not cfg.load_min_mb_s or task.context is None:
+            return cfg.load_timeout_s
+        nbytes = sum(task.context.views[i].nbytes for i in task.native_indices)
+        return min(cfg.load_timeout_s, LOAD_GRACE_S + nbytes / (cfg.load_min_mb_s * 1e6))
 
     def check(self, task: Task) -> bool:
         return task.results is not None or self._engine.poll(task.native_id)

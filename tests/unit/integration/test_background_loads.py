@@ -50,7 +50,7 @@ def poll_until_received(loads, placed, seconds=10.0):
 def test_a_finished_read_is_placed_and_its_request_received(tmp_path):
     store = open_store(tmp_path / "store")
     keys, blocks = stored_blocks(store, 3)
-    loads = BackgroundLoads(store, deadline_s=30)
+    loads = BackgroundLoads(store)
     start(loads, "a", keys, [7, 8, 9])
     placed = []
     got = poll_until_received(loads, placed)
@@ -68,7 +68,7 @@ def test_a_corrupt_block_fails_alone_and_is_never_placed(tmp_path):
     data = bytearray(open(path, "rb").read())
     data[-10] ^= 0xFF
     open(path, "wb").write(bytes(data))
-    loads = BackgroundLoads(store, deadline_s=30)
+    loads = BackgroundLoads(store)
     start(loads, "a", keys, [3, 4])
     placed = []
     got = poll_until_received(loads, placed)
@@ -83,7 +83,7 @@ def test_a_store_that_raises_fails_every_block_at_the_next_poll(tmp_path, monkey
     monkeypatch.setenv(FAULTS_ENV, str(faults))
     store = open_store(tmp_path / "store")
     keys, _ = stored_blocks(store, 2)
-    loads = BackgroundLoads(store, deadline_s=30)
+    loads = BackgroundLoads(store)
     start(loads, "a", keys, [1, 2])
     got = loads.poll(lambda *_: pytest.fail("nothing may be placed"))
     assert got.req_ids == {"a"} and got.failed_block_ids == {1, 2}
@@ -93,7 +93,7 @@ def test_a_store_that_raises_fails_every_block_at_the_next_poll(tmp_path, monkey
 def test_a_placement_that_raises_counts_as_a_failed_block(tmp_path):
     store = open_store(tmp_path / "store")
     keys, _ = stored_blocks(store, 1)
-    loads = BackgroundLoads(store, deadline_s=30)
+    loads = BackgroundLoads(store)
     start(loads, "a", keys, [5])
 
     def broken(buf, slots):
@@ -117,7 +117,7 @@ def test_a_read_hung_past_the_deadline_fails_and_others_are_not_held(tmp_path):
                            down_backoff_max_s=0.5)
         keys, blocks = stored_blocks(store, 2)
         mount.set(hang=["open", "read"])
-        loads = BackgroundLoads(store, deadline_s=1.5)
+        loads = BackgroundLoads(store)
         start(loads, "a", keys, [1, 2])
         t0 = time.monotonic()
         polls = 0

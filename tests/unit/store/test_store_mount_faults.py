@@ -111,6 +111,39 @@ def test_a_slow_mount_is_slow_not_down(mount, stored):
     assert store.stats().down_trips == 0
 
 
+def test_a_hung_load_pays_what_its_bytes_would_take_on_a_slow_link_not_load_timeout_s(mount, make_store):
+    """A step waits for its loads: a small load on a mount whose reads hang is given up after
+    LOAD_GRACE_S plus its bytes at load_min_mb_s, well before load_timeout_s; a larger one gets
+    longer, in proportion."""
+    from ucm.store.config import LOAD_GRACE_S
+
+    store = make_store(storage_backends=str(mount.mountpoint), load_timeout_s=30, load_min_mb_s=1,
+                       lookup_timeout_s=1, down_backoff_s=0)
+    small, large = [key_of(i) for i in range(2)], [key_of(i) for i in range(2, 4)]
+    assert store.wait(store.dump(small, [block_for(k, 4096) for k in small], [1] * 2)) == [True] * 2
+    assert store.wait(store.dump(large, [block_for(k, 1_000_000) for k in large], [1] * 2)) == [True] * 2
+    mount.set(hang=["open", "read"])
+    task = store.load(small, [np.zeros_like(block_for(k, 4096)) for k in small])
+    deadline = store.load_deadline_s(task)
+    assert LOAD_GRACE_S < deadline < LOAD_GRACE_S + 0.1
+    t0 = time.monotonic()
+    assert store.wait(task) == [False] * 2
+    assert deadline - 0.1 < time.monotonic() - t0 < deadline + 1
+    task = store.load(large, [np.zeros_like(block_for(k, 1_000_000)) for k in large])
+    assert store.load_deadline_s(task) == pytest.approx(LOAD_GRACE_S + 2 * block_for(large[0], 1_000_000).nbytes / 1e6)
+    mount.set()
+    assert store.wait(task) == [True] * 2
+
+
+def test_load_min_mb_s_zero_leaves_load_timeout_s_alone(make_store):
+    store = make_store(load_timeout_s=7, load_min_mb_s=0)
+    key = key_of(0)
+    assert store.wait(store.dump([key], [block_for(key, 4096)], [1])) == [True]
+    task = store.load([key], [np.zeros_like(block_for(key, 4096))])
+    assert store.load_deadline_s(task) == 7 and store.wait(task) == [True]
+    assert make_store(load_timeout_s=0).load_deadline_s(task) is None
+
+
 def test_the_bandwidth_cap_is_one_link_for_all_readers(mount):
     """Four threads reading 1 MB each at once through a 20 MB/s cap take the link's 0.2 s, not a
     quarter of it: the cap is what a client behind one loaded NFS link sees."""

@@ -66,9 +66,8 @@ class Received:
 class BackgroundLoads:
     """The worker's in-flight exact-prefix loads, polled once a step."""
 
-    def __init__(self, store: KVStoreBase, deadline_s: float | None):
+    def __init__(self, store: KVStoreBase):
         self.store = store
-        self.deadline_s = deadline_s  # the store's load_timeout_s; None: wait for ever
         self._loads: dict[str, _Load] = {}
 
     def __len__(self) -> int:
@@ -95,7 +94,7 @@ class BackgroundLoads:
                 ok = [False] * len(load.buffers)
             elif self.store.check(load.task):
                 ok = self.store.wait(load.task)
-            elif self.deadline_s and now - load.started > self.deadline_s:
+            elif (deadline := self.store.load_deadline_s(load.task)) and now - load.started > deadline:
                 ok = self.store.wait(load.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
             else:
                 continue

@@ -61,7 +61,7 @@ class WorkerSide:
         self._blend_requests: list[RequestStep] = []  # the requests of this step's Blend step
         self._errors = ErrorLog(logger)
         self._buffers = ReusedBuffers(2 * self.block_size)
-        self._background = BackgroundLoads(store, getattr(config, "load_timeout_s", None))  # exact prefixes
+        self._background = BackgroundLoads(store)  # exact prefixes
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self.rotation = None if check_layer is None else KeyRotation.for_model(
             vllm_config, lambda shape, dtype: self._buffers.get("rope", shape, dtype))

@@ -74,6 +74,11 @@ constexpr size_t kHeaderRegion = 4096;    // payload offset
 constexpr uint64_t kFormatVersion = 1;
 constexpr size_t kAlign = 4096;           // O_DIRECT buffer/offset/length alignment
 constexpr size_t kChunk = 256 * 1024;     // IO unit; small enough that the hash reads it from L2
+// Lookups stat in parallel: on NFS each stat of an uncached name is a round trip to the server,
+// so a request's few hundred stats would otherwise queue one behind the other. A thread is given
+// at least kStatsPerThread paths (spawning one costs about as much as a local stat).
+constexpr size_t kStatThreads = 16;
+constexpr size_t kStatsPerThread = 8;
 
 enum Status : int {
   kOk = 0,
@@ -816,8 +821,7 @@ class IoEngine {
                      S_ISREG(st.st_mode);
         }
       };
-      // Parallel stats only pay off for large batches (NFS round trips).
-      size_t parts = std::min<size_t>(workers_.size(), paths.size() / 512);
+      size_t parts = std::min(kStatThreads, paths.size() / kStatsPerThread);
       if (parts <= 1) {
         run(0, paths.size());
       } else {

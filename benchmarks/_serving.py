@@ -27,14 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def blend_config(store: str, ratio: float, request_params: list[str], capacity_gb: float | None = None,
+def blend_config(store: str, ratio: float, request_params: list[str], store_extra: dict | None = None,
                  blend_extra: dict | None = None, chunk_end_token_id: int = 2) -> dict:
     """The README's connector config: one UcmNfsStore in `store`, Blend at `ratio` on layer 1
-    (`blend_extra`: more ucm_sparse_config.Blend keys); `chunk_end_token_id`: the model's
-    `<|im_end|>` (2 in SmolLM2's vocabulary)."""
-    store_config: dict = {"storage_backends": store}
-    if capacity_gb:
-        store_config["capacity_gb"] = capacity_gb
+    (`store_extra`, `blend_extra`: more keys of the store's config and of ucm_sparse_config.Blend);
+    `chunk_end_token_id`: the model's `<|im_end|>` (2 in SmolLM2's vocabulary)."""
+    store_config: dict = {"storage_backends": store, **(store_extra or {})}
     return {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": store_config}],
         "ucm_sparse_config": {"Blend": {"chunk_end_token_id": chunk_end_token_id,

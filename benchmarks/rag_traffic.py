@@ -118,6 +118,8 @@ def parse_args(argv=None):
                         "2x slower, which otherwise lands in TTFT p90")
     p.add_argument("--blend-config", default="{}",
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
+    p.add_argument("--store-config", default="{}",
+                   help='more keys of Blend\'s UcmNfsStore config (JSON), e.g. \'{"io_threads": 16}\'')
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
     p.add_argument("--mount", default=None, metavar="SPEC",
                    help="Blend's store behind a FUSE mount that misbehaves (benchmarks/_mount_schedule.py): e.g. "
@@ -646,8 +648,10 @@ def main(argv=None) -> int:
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         with contextlib.ExitStack() as stack:
             store, mount = stack.enter_context(mounted_store(args.mount)) if server == "blend" else (None, None)
-            ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], args.capacity_gb,
-                               json.loads(args.blend_config), marker) if store else None
+            store_extra = {**json.loads(args.store_config),
+                           **({"capacity_gb": args.capacity_gb} if args.capacity_gb else {})}
+            ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], store_extra, json.loads(args.blend_config),
+                               marker) if store else None
             procs = []
             try:
                 for i, port in enumerate(ports):  # one log per instance: .blend.log, or .blend.0.log, ...

@@ -74,6 +74,12 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen15_musique16_shares.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-15 (~6k tokens) with the "
+     "query rule as committed (squared shares), beside the oracle at 0.15 (the same questions with the V-weighted sum "
+     "before: qwen15_musique16_vn.json), bfloat16 (store unit tests shared the cores for a few minutes: TTFTs rough; "
+     "2026-11-28, a fourteenth session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 16 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query,oracle --no-plot --out benchmarks/results/qwen15_musique16_shares.json"),
     ("qwen05_long_shares_bf16_gen8.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts with the query rule as committed "
      "(squared shares of each deep layer's V-weighted attention): the 8 generated questions of "
      "qwen05_long_vn_bf16_gen8.json (the V-weighted sum), bfloat16, nothing else running",
@@ -789,7 +795,9 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
-    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15", "qwen15_musique16_vn.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15, the committed rule and the oracle",
+     "qwen15_musique16_shares.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15, the rule before", "qwen15_musique16_vn.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, every rule", "qwen15_musique8_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 8-15, every rule", "qwen15_musique8_15_rules.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue", "qwen15_musique5_attention_alone.json"),

@@ -76,9 +76,10 @@ constexpr size_t kAlign = 4096;           // O_DIRECT buffer/offset/length align
 constexpr size_t kChunk = 256 * 1024;     // IO unit; small enough that the hash reads it from L2
 // Lookups stat in parallel: on NFS each stat of an uncached name is a round trip to the server,
 // so a request's few hundred stats would otherwise queue one behind the other. A thread is given
-// at least kStatsPerThread paths (spawning one costs about as much as a local stat).
-constexpr size_t kStatThreads = 16;
-constexpr size_t kStatsPerThread = 8;
+// at least kStatsPerThread paths: a thread costs tens of microseconds to start, which a local
+// directory does not repay but one round trip to a server does.
+constexpr size_t kStatThreads = 32;
+constexpr size_t kStatsPerThread = 4;
 
 enum Status : int {
   kOk = 0,

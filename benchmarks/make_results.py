@@ -521,6 +521,21 @@ TRAFFIC_RUNS = [
     ("rag_traffic_24_before_split.json", "Issue 55's check, before the split: the same stream from a11829a",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --warmup 1 --alone 0 "
      "--out benchmarks/results/rag_traffic_24_before_split.json (from a worktree at a11829a)", None),
+    ("rag_traffic_zipf48_latency5_stats16_bf16.json", "The +5 ms stream with the store's lookups statting 16 paths "
+     "at once, 8 or more per thread (code 4788d8b; 4 IO threads as then; 2026-11-28, a fourteenth session; the run "
+     "before the change: rag_traffic_zipf48_latency5_bf16.json)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_stats16_bf16.json",
+     None),
+    ("rag_traffic_zipf48_latency5_io16_bf16.json", "The same with 16 IO threads (code aeac151, `--store-config "
+     "'{\"io_threads\": 16}'`), right after",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --store-config '{\"io_threads\": 16}' "
+     "--out benchmarks/results/rag_traffic_zipf48_latency5_io16_bf16.json", None),
+    ("rag_traffic_zipf48_fuse0_bf16.json", "The same stream through the FUSE mount with nothing added (what the test "
+     "mount's own Python passthrough costs; code aeac151, 4 IO threads), between the two",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=0' --out benchmarks/results/rag_traffic_zipf48_fuse0_bf16.json", None),
     ("rag_traffic_zipf48_latency5_bf16.json", "A slow mount under the stream: the Zipf stream, 48 requests at concurrency "
      "2, SmolLM2 in bfloat16, Blend alone, its store behind a FUSE mount that adds 5 ms to every file operation (a "
      "loaded NFS server); a test suite shared the cores for about a minute (2026-11-28, a thirteenth session). The "
@@ -992,6 +1007,9 @@ def mount_lines(data: dict) -> list[str]:
                      + ("" if after is None else f", first blend {after:.0f} s after the release") + ";")
         if rss:
             line += f" engine resident memory {min(rss)}-{max(rss)} MB."
+        if run["server"] == "blend" and "lookup_s" in s:  # where the store's time went: the scheduler's lookups, loads waited in steps, dumps
+            line += (f" Store time: lookups {s['lookup_s']:.1f} s, loads waited {s['load_wait_s']:.1f} s, dumps "
+                     f"{s['dump_s']:.1f} s in steps, of a {s['wall_s']:.0f} s run.")
         out.append(line)
     return out
 

@@ -526,6 +526,23 @@ TRAFFIC_RUNS = [
     ("rag_traffic_24_before_split.json", "Issue 55's check, before the split: the same stream from a11829a",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --warmup 1 --alone 0 "
      "--out benchmarks/results/rag_traffic_24_before_split.json (from a worktree at a11829a)", None),
+    ("rag_traffic_zipf110_hang300_deadline2_bf16.json", "The mount that hangs for 5 minutes under the stream again, "
+     "after a load's deadline became its bytes at load_min_mb_s plus 2 s and the store probes the mount as soon as the "
+     "IO that held it returns (code 76bab67; Blend alone, nothing else running; plain vLLM's rows from its run in "
+     "rag_traffic_zipf110_hang300_bf16.json, the last session, same stream; 2026-11-28, a fourteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'hang=open+read+write@60/300' "
+     "--out benchmarks/results/rag_traffic_zipf110_hang300_deadline2_bf16.json", None),
+    ("rag_traffic_zipf48_latency5_io16_final_bf16.json", "The +5 ms stream with the committed store: lookups up to 32 "
+     "stats at once, 16 IO threads by default (code 76bab67, nothing else running; 2026-11-28, a fourteenth session). "
+     "The plain directory right after: rag_traffic_zipf48_dir_final_bf16.json",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_io16_final_bf16.json",
+     None),
+    ("rag_traffic_zipf48_dir_final_bf16.json", "The same stream, Blend's store on the plain directory, with the "
+     "committed store (code 76bab67), right after the +5 ms run and the hang",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --out benchmarks/results/rag_traffic_zipf48_dir_final_bf16.json", None),
     ("rag_traffic_zipf48_latency5_stats16_bf16.json", "The +5 ms stream with the store's lookups statting 16 paths "
      "at once, 8 or more per thread (code 4788d8b; 4 IO threads as then; 2026-11-28, a fourteenth session; the run "
      "before the change: rag_traffic_zipf48_latency5_bf16.json)",
@@ -839,9 +856,13 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
-    ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_bf16.json"),
-    ("RAG stream with 5 ms added to every file operation of the store's mount", "rag_traffic_zipf48_latency5_bf16.json"),
-    ("The same stream on the plain directory", "rag_traffic_zipf48_dir_bf16.json"),
+    ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_deadline2_bf16.json"),
+    ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
+     "rag_traffic_zipf110_hang300_bf16.json"),
+    ("RAG stream with 5 ms added to every file operation of the store's mount",
+     "rag_traffic_zipf48_latency5_io16_final_bf16.json"),
+    ("The same stream on the plain directory", "rag_traffic_zipf48_dir_final_bf16.json"),
+    ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),

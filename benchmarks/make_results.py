@@ -1034,7 +1034,7 @@ def mount_lines(data: dict) -> list[str]:
                      + ("" if after is None else f", first blend {after:.0f} s after the release") + ";")
         if rss:
             line += f" engine resident memory {min(rss)}-{max(rss)} MB."
-        if run["server"] == "blend" and "lookup_s" in s:  # where the store's time went: the scheduler's lookups, loads waited in steps, dumps
+        if run["server"] == "blend" and "lookup_s" in s:  # the scheduler's lookups, loads and dumps in steps
             line += (f" Store time: lookups {s['lookup_s']:.1f} s, loads waited {s['load_wait_s']:.1f} s, dumps "
                      f"{s['dump_s']:.1f} s in steps, of a {s['wall_s']:.0f} s run.")
         out.append(line)

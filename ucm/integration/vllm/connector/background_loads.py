@@ -43,7 +43,7 @@ class _Load:
     buffers: list[torch.Tensor]  # one per block, [block tokens, layers, 2, heads, head size]
     slots: list[torch.Tensor]  # each block's cache slots
     block_ids: list[int]  # each block's id in vLLM's block table (reported on failure)
-    started: float
+    give_up_at: float | None  # monotonic time past which it fails (the store's deadline); None: never
 
 
 @dataclass
@@ -82,7 +82,9 @@ class BackgroundLoads:
             task = self.store.load(list(keys), [bytes_view(b) for b in buffers])
         except Exception:  # a cache fault must not take the engine down: vLLM computes the blocks
             task = None
-        self._loads[req_id] = _Load(task, buffers, slots, block_ids, time.monotonic())
+        deadline = None if task is None else self.store.load_deadline_s(task)
+        give_up_at = None if not deadline else time.monotonic() + deadline
+        self._loads[req_id] = _Load(task, buffers, slots, block_ids, give_up_at)
 
     def poll(self, place: Placement) -> Received:
         """Places every finished read (`place(buffer, slots)` per block read) and returns what
@@ -94,7 +96,7 @@ class BackgroundLoads:
                 ok = [False] * len(load.buffers)
             elif self.store.check(load.task):
                 ok = self.store.wait(load.task)
-            elif (deadline := self.store.load_deadline_s(load.task)) and now - load.started > deadline:
+            elif load.give_up_at is not None and now > load.give_up_at:
                 ok = self.store.wait(load.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
             else:
                 continue

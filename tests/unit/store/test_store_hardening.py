@@ -224,7 +224,9 @@ def test_a_lookup_past_its_timeout_is_all_misses_and_so_is_every_lookup_until_it
     key = key_of(1)
     writer = make_store()
     assert writer.wait(writer.dump([key], [block_for(key, 1000)], [1])) == [True]
-    store = make_store(lookup_timeout_s=0.001, down_backoff_s=0.05)
+    # A back-off long enough that it cannot end between the two lookups, even while the first one's
+    # stat threads hold every core of a loaded machine.
+    store = make_store(lookup_timeout_s=0.001, down_backoff_s=1.0)
     many = [key] + [key_of(1000 + i) for i in range(100_000)]
     assert store.lookup(many) == [False] * len(many)  # the stored block too: not answered in time
     t0 = time.monotonic()

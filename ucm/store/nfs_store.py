@@ -35,7 +35,11 @@ except ImportError as e:  # pragma: no cover - depends on the build
         "ucm.store._native is not built; run `pip install -e .` or `python setup.py build_ext --inplace`"
     ) from e
 
+# A root found intact is taken as intact this long: dumps within it skip the check.
+ROOT_CHECK_S = 1.0
+
 logger = logging.getLogger(__name__)
+
 
 class UcmNfsStore(KVStoreBase):
     def __init__(self, config: NfsStoreConfig | Mapping[str, Any]):
@@ -45,6 +49,7 @@ class UcmNfsStore(KVStoreBase):
         # Identity of every backend root: a lost mount or a deleted directory must not move the
         # store to whatever is at the same path now (the local disk, a fresh empty tree).
         self._roots = {backend: open_root(backend) for backend in self._layout.backends}
+        self._roots_checked_at = -ROOT_CHECK_S  # when the roots were last found intact
         # The ledger's lock is a metadata call like a lookup: it gets the lookups' deadline.
         self._limiter = (CapacityLimiter(cfg.capacity_bytes, UsageLedger(self._layout.backends[0]),
                                          ledger_timeout_s=cfg.lookup_timeout_s)
@@ -200,6 +205,8 @@ class UcmNfsStore(KVStoreBase):
             results = self._outcomes.finish_load(task, statuses, errnos, tokens, seconds)
         else:
             results = self._outcomes.finish_dump(task, statuses, errnos, seconds)
+            if not all(results):  # a lost root shows first as failed writes: the next dump checks it
+                self._roots_checked_at = -ROOT_CHECK_S
         self._log_direct_fallback()
         task.results = results
         return list(results)
@@ -340,7 +347,13 @@ class UcmNfsStore(KVStoreBase):
                            self._layout.backends)
 
     def _roots_intact(self) -> bool:
+        """Whether every root is still the one opened: checked before a dump, at most once per
+        ROOT_CHECK_S while they are (each check is a stat and a read, round trips on NFS)."""
+        if time.monotonic() - self._roots_checked_at < ROOT_CHECK_S:
+            return True
         lost = lost_root(self._roots)
+        if lost is None:
+            self._roots_checked_at = time.monotonic()
         if lost is not None:
             self._log.warn(("root lost",), "store root %s is gone or was replaced (unmounted, deleted or "
                            "re-created); refusing to write there: dumps fail and requests are recomputed",

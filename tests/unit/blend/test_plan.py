@@ -40,15 +40,17 @@ def test_region_holds_the_question_up_to_the_last_token():
 
 
 def test_misses_inside_the_region_are_its_work():
-    plan = plan_for([6, 10], 20, {0, 4})  # loaded [0,4) and [14,16); [4,14) missed
+    plan = plan_for([6, 10], 20, {0, 2, 4})  # loaded [0,4), [6,10) and [14,16); [4,6) and [10,14) missed
     assert blend_region_end(plan, 20) == 19
-    assert region_work(plan, 19, 0.0) == 13  # the 10 missed tokens and the question run every layer
-    assert region_work(plan, 19, 0.5) == 13 + 3  # ceil(0.5 * 6)
+    assert region_work(plan, 19, 0.0) == 9  # the 6 missed tokens and the question run every layer
+    assert region_work(plan, 19, 0.5) == 9 + 5  # ceil(0.5 * 10)
 
 
 def test_chunk_hits_count_each_chunks_blocks_and_hits():
-    plan = plan_for([6, 10], 20, {0, 4})  # chunk 0: blocks [0,4) hit, [4,6) missed; chunk 6: only [14,16) hit
-    assert plan.chunk_hits() == [(0, 2, 1), (6, 3, 1)]
+    plan = plan_for([6, 10], 20, {0, 2, 4})  # chunk 0: [0,4) hit, [4,6) missed; chunk 6: its middle block missed
+    assert plan.chunk_hits() == [(0, 2, 1), (6, 3, 2)]
+    # A chunk whose first block is missing is taken as missing whole: [14,16) is not looked up.
+    assert plan_for([6, 10], 20, {0, 4}).chunk_hits() == [(0, 2, 1), (6, 3, 0)]
     # Blocks in the exact prefix are not looked up: chunk 0 then has one block, missed.
     assert plan_for([6, 10], 20, {2, 3}, prefix_tokens=4).chunk_hits() == [(0, 1, 0), (6, 3, 2)]
 
@@ -67,6 +69,27 @@ def test_nothing_loaded_is_an_empty_region_at_the_prefix():
     assert blend_region_end(plan, 20) == 19 and region_work(plan, 19, 0.0) == 11  # [4, 6) and [10, 19)
 
 
+def test_new_chunks_cost_one_lookup_per_chunk_not_per_block():
+    """The first block of each chunk is asked for in every kind; the blocks of chunks found are
+    then asked for one by one."""
+    hasher = BlockHasher.from_seed("sha256", BS, "test")
+    tokens = list(range(1000, 1040))
+    layout = split_by_lengths(40, [12, 12, 12])
+    stored = {b.block_hash for b in build_plan(layout, tokens, hasher, 0, lambda kind, hs: [False] * len(hs)).blocks
+              if b.chunk_start == 12}
+    asked = []
+
+    def lookup(kind, hashes):
+        asked.append((kind, len(hashes)))
+        return [kind is KeyKind.CHUNK and h in stored for h in hashes]
+
+    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lambda blocks: [None] * len(blocks))
+    assert plan.chunk_hits() == [(0, 3, 0), (12, 3, 3), (24, 3, 0)]
+    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks exact and as chunk KV.
+    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.EXACT, 3),
+                     (KeyKind.CHUNK, 3)]
+
+
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])
 def test_work_never_exceeds_the_region(ratio):
     plan = plan_for([6, 10], 20, {1, 3})
@@ -75,8 +98,8 @@ def test_work_never_exceeds_the_region(ratio):
 
 
 def test_hit_share_is_the_loaded_part_of_the_region():
-    plan = plan_for([6, 10], 20, {0, 4})  # loaded [0,4) and [14,16) of the region [0, 19)
-    assert region_hit_share(plan, 19) == pytest.approx(6 / 19)
+    plan = plan_for([6, 10], 20, {0, 2})  # loaded [0,4) and [6,10) of the region [0, 19)
+    assert region_hit_share(plan, 19) == pytest.approx(8 / 19)
     assert region_hit_share(plan, 0) == 0.0
 
 

@@ -210,6 +210,7 @@ def test_preempted_blend_request_whose_chunks_are_gone_is_computed_in_full(tmp_p
         if path.is_file():
             path.unlink()
     side.view.pending.clear()
+    side.view.forget_known()  # as a failed load makes it (test_a_block_found_stored_is_not_asked_for_again...)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
     assert side.stats.data["blend_fallbacks_preempted"] == 1
     meta, _ = step(side, [admit(side, req, 0)], {"a": len(tokens)})
@@ -533,8 +534,66 @@ def test_a_dump_counts_as_stored_only_once_the_workers_confirm_it(tmp_path):
     side.take_report(UCMWorkerReport(not_stored={dumps[0].key}))
     side.take_report(UCMWorkerReport(stored={d.key: 1 for d in dumps[1:]}))
     assert not side.view.pending
-    # The worker's report says the first was not stored: a miss, however long it waits.
-    assert side.get_num_new_matched_tokens(b, 0) == (0, False)
+    # The worker's report says the first was not stored: a miss, however long it waits (the
+    # others count as stored on the workers' word: this test's store holds none of them).
+    external, _ = side.get_num_new_matched_tokens(b, 0)
+    meta, _ = step(side, [admit(side, b, external)], {"b": 1})
+    loads = [ld.key for r in meta.requests for ld in (*r.prefix_loads, *r.chunk_loads)]
+    assert loads and dumps[0].key not in loads and set(loads) <= {d.key for d in dumps[1:]}
+
+
+def test_a_block_found_stored_is_not_asked_for_again_until_a_load_fails(tmp_path, monkeypatch):
+    """Stored blocks never change, so a hit is remembered (KNOWN_SECONDS) instead of asking a slow
+    mount again; blocks gone meanwhile (another instance evicted them) are planned as hits until a
+    load fails, which makes the scheduler ask the store again."""
+    from ucm.integration.vllm.connector import store_view
+    from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+
+    side = side_for(tmp_path)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0)[0] == 21
+    known = side.stats.data["lookup_known_blocks"]  # each chunk's first block, found by the probe
+    _evict_every_block(tmp_path / "store")
+    assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0)[0] == 21  # from memory
+    assert side.stats.data["lookup_known_blocks"] - known >= 6  # every chunk block
+    side.take_report(UCMWorkerReport(load_failed={"b"}))
+    assert side.get_num_new_matched_tokens(request(side, "c", tokens), 0) == (0, False)
+    store_chunks(side, tokens)
+    assert side.get_num_new_matched_tokens(request(side, "d", tokens), 0)[0] == 21
+    monkeypatch.setattr(store_view, "KNOWN_SECONDS", 0.0)  # remembered no longer: asked again
+    _evict_every_block(tmp_path / "store")
+    assert side.get_num_new_matched_tokens(request(side, "e", tokens), 0) == (0, False)
+
+
+def _evict_every_block(store_dir):
+    """Block files removed behind the engine's back (the root's marker stays)."""
+    from ucm.store.roots import ROOT_MARKER
+
+    for path in store_dir.rglob("*"):
+        if path.is_file() and not path.name.startswith(ROOT_MARKER):
+            path.unlink()
+
+
+@pytest.mark.parametrize("stored, first, asked", [
+    (0, 0, [32]),  # new text: one short lookup
+    (100, 0, [32, 68]),  # stored whole: the rest asked for once the first 32 are found
+    (40, 0, [32, 68]),
+    (20, 0, [32]),  # blocks after the first miss are taken as not stored
+    (0, 70, [100]),  # vLLM's own hits, then 30 more: the whole prompt
+])
+def test_exact_prompt_blocks_are_asked_for_past_the_first_32_only_when_all_were_found(stored, first, asked):
+    from ucm.integration.vllm.connector.request_lookup import leading_hits
+
+    calls = []
+
+    def lookup(kind, hashes):
+        calls.append(len(hashes))
+        return [h < stored for h in hashes]
+
+    found = leading_hits(lookup, list(range(100)), first)
+    assert calls == asked and len(found) == 100
+    assert found == [h < stored and (stored > 32 or h < 32 + first) for h in range(100)]
 
 
 def test_tensor_parallel_blocks_are_found_only_with_every_ranks_shard(tmp_path):
@@ -653,6 +712,7 @@ def test_a_reference_whose_exact_blocks_are_gone_is_a_miss(tmp_path):
     side.view.store = create_store("UcmNfsStore", {"storage_backends": str(tmp_path / "store")})
     gone = next(d for d in dumps if d.start == 16)  # holds rows 16..19: the blocks (13, 4) and (17, 2) of a
     os.remove(side.store.block_path(gone.key))
+    side.view.forget_known()  # as 30 s later, or after a load of it failed
     b = request(side, "b", a[0:6] + a[13:19] + a[6:13] + a[19:])
     side.get_num_new_matched_tokens(b, 0)
     plan = side._states["b"].plan

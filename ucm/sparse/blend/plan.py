@@ -4,7 +4,7 @@ The plan is engine-agnostic: it takes the chunk layout, the block hasher and a l
 and says which stored blocks to load where. Tokens before `prefix_tokens` are exact prefix hits
 (vLLM's own cache or the store); every chunk block after that is looked up under its chunk hash
 (exact KV preferred, then chunk KV), block by block, so a missing block in the middle of a chunk
-costs only that block.
+costs only that block; a chunk whose first block is missing is not looked up further.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ucm.sparse.blend.chunking import ChunkLayout, Span
 from ucm.sparse.blend.hashing import BlockHash, BlockHasher, IsolationKeys
 from ucm.store.keys import KeyKind
 
-# (kind, block hashes) -> hit per hash
+# (kind, block hashes) -> hit per hash (CHUNK_REF: a reference is present, not yet checked)
 LookupFn = Callable[[KeyKind, Sequence[BlockHash]], list[bool]]
 # (block hash, tokens) per chunk block -> its stored reference into exact blocks, or None
 RefLookupFn = Callable[[Sequence[tuple[BlockHash, int]]], list[ChunkRef | None]]
@@ -111,28 +111,52 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
     """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV,
     chunk KV over a reference into another prompt's exact blocks (`lookup_refs`).
 
+    Each chunk's first block is looked up first, in every kind (references by their presence):
+    a chunk whose first block is stored in none is taken as missing whole. Chunks are stored
+    from their first block on, so this loses almost nothing, and a prompt of new passages costs
+    a lookup per chunk instead of several per block (each a round trip on NFS).
+
     ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
     """
     every = chunk_blocks(layout, token_ids, hasher, isolation)
     last = {c: h for h, c, _ in every}  # the last block of each chunk wins
     candidates = [(h, c, s) for h, c, s in every if s.end > prefix_tokens]
-    hashes = [h for h, _, _ in candidates]
-    exact = lookup(KeyKind.EXACT, hashes) if hashes else []
-    need_chunk = [h for h, hit in zip(hashes, exact) if not hit]
+    looked = _probed_chunks(candidates, lookup, lookup_refs is not None)
+    hashes = [h for h, c, _ in candidates if c in looked]
+    exact = dict(zip(hashes, lookup(KeyKind.EXACT, hashes))) if hashes else {}
+    need_chunk = [h for h in hashes if not exact[h]]
     chunk_hits = dict(zip(need_chunk, lookup(KeyKind.CHUNK, need_chunk))) if need_chunk else {}
     refs: dict[BlockHash, ChunkRef] = {}
     if lookup_refs is not None:
-        need_ref = [(h, len(s)) for (h, _, s), hit in zip(candidates, exact) if not hit and not chunk_hits.get(h)]
+        need_ref = [(h, len(s)) for h, c, s in candidates if c in looked and not exact[h] and not chunk_hits[h]]
         if need_ref:
             refs = {h: r for (h, _), r in zip(need_ref, lookup_refs(need_ref)) if r is not None}
     blocks = []
-    for (h, chunk_start, span), is_exact in zip(candidates, exact):
-        kind = (KeyKind.EXACT if is_exact else KeyKind.CHUNK if chunk_hits.get(h)
+    for h, chunk_start, span in candidates:
+        kind = (KeyKind.EXACT if exact.get(h) else KeyKind.CHUNK if chunk_hits.get(h)
                 else KeyKind.CHUNK_REF if h in refs else None)
         blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start),
                                  ref=refs.get(h)))
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks),
                      tuple(last[c.start] for c in layout.chunks))
+
+
+def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn, refs: bool) -> set[int]:
+    """Starts of the chunks whose first candidate block is stored in some kind (exact, chunk KV,
+    or a reference when `refs`): the only ones whose blocks are looked up one by one."""
+    firsts: dict[int, BlockHash] = {}
+    for h, c, _ in candidates:
+        firsts.setdefault(c, h)
+    if not firsts:
+        return set()
+    starts, hashes = list(firsts), list(firsts.values())
+    present = lookup(KeyKind.EXACT, hashes)
+    for kind in (KeyKind.CHUNK, KeyKind.CHUNK_REF) if refs else (KeyKind.CHUNK,):
+        rest = [h for h, p in zip(hashes, present) if not p]
+        if rest:
+            more = iter(lookup(kind, rest))
+            present = [p or next(more) for p in present]
+    return {c for c, p in zip(starts, present) if p}
 
 
 def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # A request needing blocks whose dumps this engine submitted waits up to this long for the workers to
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
+# Exact prompt blocks looked up past vLLM's own prefix hits before the rest are.
+EXACT_PROBE_BLOCKS = 32
 
 
 class RequestLookup:
@@ -71,8 +73,8 @@ class RequestLookup:
         num_full = prompt_len // bs
         hashes = self.hashes.original(request)[:num_full]
         lookup = partial(self.view.lookup, keys)
-        exact_stored = lookup(KeyKind.EXACT, hashes)
         first = num_computed_tokens // bs
+        exact_stored = leading_hits(lookup, hashes, first)
         hits = 0
         params, refused = self.params.honoured(request.kv_transfer_params)
         use_prefix = self.loads and params.get(EXACT_PREFIX_PARAM, True) is not False
@@ -143,3 +145,17 @@ class RequestLookup:
 
     def forget(self, req_id: str) -> None:
         self._waiting.pop(req_id, None)
+
+
+def leading_hits(lookup: Callable[[KeyKind, list[bytes]], list[bool]], hashes: list[bytes], first: int) -> list[bool]:
+    """Which exact prompt blocks are stored, asking for those past the first EXACT_PROBE_BLOCKS
+    after vLLM's own hits (``first``) only when all of those are: an exact block's hash names
+    its whole prefix, so one stored after a missing one is rare, and only its dump would use it
+    (which checks again). A prompt of new text costs one short lookup, not one per block."""
+    head = first + EXACT_PROBE_BLOCKS
+    found = lookup(KeyKind.EXACT, hashes[:head])
+    if len(hashes) <= head:
+        return found
+    if all(found[first:]):
+        return found + lookup(KeyKind.EXACT, hashes[head:])
+    return found + [False] * (len(hashes) - head)

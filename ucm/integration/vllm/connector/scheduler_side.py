@@ -136,6 +136,8 @@ class SchedulerSide:
         for req_id in report.blend_error:
             self._distrust(req_id, "blend_error")
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
+        if report.load_failed or report.store_down_s:  # a block found stored may be gone: ask the store again
+            self.view.forget_known()
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
             self.view.store.hold_down(min(report.store_down_s, STORE_DOWN_HOLD_S))
         if report.slow_prefix_read_s:

@@ -47,6 +47,7 @@ COUNTERS: dict[str, str] = {
     "lookup_errors": "Requests whose store lookup or plan raised (computed by vLLM, nothing of theirs stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
     "lookup_seconds": "Seconds the scheduler spent in store lookups",
+    "lookup_known_blocks": "Blocks a lookup answered as stored without asking the store (found or confirmed stored in the last 30 s)",
     "chunk_ref_hit_blocks": "Chunk blocks found as references to stored exact blocks (and read from those)",
     "chunk_refs_stored": "Chunk blocks stored as references to their prompt's exact blocks instead of a copy of their KV",
     "chunk_refs_failed": "Chunk block references the store did not write",

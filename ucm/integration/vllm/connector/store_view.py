@@ -4,6 +4,11 @@ sightings) the scheduler writes itself.
 
 Only dumps every tensor-parallel rank confirmed count as stored: a block submitted moments ago is
 a miss (`awaited` says so, so the request can wait for it) until every worker reported it.
+
+Blocks are named by their content and never rewritten, so a block known stored (found by a
+lookup, or its dump confirmed) is answered from memory for `KNOWN_SECONDS` without asking the
+mount again; a load that fails (another instance evicted it meanwhile) is computed instead and
+forgets every such answer.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ if TYPE_CHECKING:
 
 # A submitted dump no worker answered for this long is forgotten (the workers give up after dump_timeout_s).
 PENDING_DUMP_SECONDS = 300.0
+# A block found stored is taken as stored this long without a new lookup, at most KNOWN_BLOCKS of them.
+KNOWN_SECONDS = 30.0
+KNOWN_BLOCKS = 200_000
 SIGHTINGS = "sightings"  # counter prefix of sighting records (sightings_stored, sightings_failed)
 CHUNK_REFS = "chunk_refs"
 
@@ -68,6 +76,7 @@ class StoreView:
         # Records (chunk references, sightings) written by the store's threads, not yet reaped:
         # (task, records, counter prefix).
         self.record_writes: list[tuple[Task, list[bytes], str]] = []
+        self._known: dict[bytes, float] = {}  # block key -> when last found or confirmed stored, oldest first
         self._lookup_timeouts = 0  # the store's count when last read
         self._down_refusals = 0  # the same
 
@@ -76,13 +85,50 @@ class StoreView:
         self.awaited = False
 
     def lookup(self, space: KeySpace, kind: KeyKind, hashes) -> list[bool]:
-        """Which blocks the store holds, every tensor-parallel rank's shard of them."""
+        """Which blocks the store holds, every tensor-parallel rank's shard of them (CHUNK_REF:
+        whether a reference record is there, unchecked: `lookup_refs` reads and checks it)."""
         if not hashes:
             return []
         keys = [space.key(kind, h) for h in hashes]
-        start = time.perf_counter()
-        found = self.store.lookup_shards(keys, self.num_shards)
-        self.stats.add("lookup_seconds", time.perf_counter() - start)
+        now = time.monotonic()
+        if self._known and self.store.down_for_s() > 0:  # held down: nothing counts as stored
+            self.forget_known()
+        found = [now - self._known.get(k, -KNOWN_SECONDS) < KNOWN_SECONDS for k in keys]
+        ask = [i for i, f in enumerate(found) if not f]
+        if ask:
+            start = time.perf_counter()
+            asked = [keys[i] for i in ask]
+            hits = self.store.lookup(asked) if kind is KeyKind.CHUNK_REF else self.store.lookup_shards(asked, self.num_shards)
+            self.stats.add("lookup_seconds", time.perf_counter() - start)
+            for i, hit in zip(ask, hits):
+                found[i] = hit
+                if hit:
+                    self._remember(keys[i], now)
+            self._count_store_refusals()
+        self.stats.add("lookup_known_blocks", len(keys) - len(ask))
+        if kind is KeyKind.CHUNK_REF:
+            self._await_records(keys, found)
+        elif self.pending and any(not f and k in self.pending for f, k in zip(found, keys)):
+            self.awaited = True
+        return found
+
+    def _await_records(self, keys: list[bytes], found: list[bool]) -> None:
+        """`awaited` when a reference missing is one this engine is about to write: worth a short wait."""
+        if self.refs_waiting or self.record_writes:
+            coming = {r.key for r in self.refs_waiting} | {k for task, _, _ in self.record_writes for k in task.keys}
+            self.awaited |= any(not hit and k in coming for hit, k in zip(found, keys))
+
+    def _remember(self, key: bytes, now: float) -> None:
+        self._known.pop(key, None)
+        self._known[key] = now
+        if len(self._known) > KNOWN_BLOCKS:
+            del self._known[next(iter(self._known))]
+
+    def forget_known(self) -> None:
+        """A load failed or the store counts as down: every block is asked for again."""
+        self._known.clear()
+
+    def _count_store_refusals(self) -> None:
         stats = self.store.stats()
         if stats.lookup_timeouts != self._lookup_timeouts:  # the store did not answer in time: misses, computed
             self.stats.add("lookup_timeout_blocks", stats.lookup_timeouts - self._lookup_timeouts)
@@ -90,9 +136,6 @@ class StoreView:
         if stats.down_refusals != self._down_refusals:  # the store counts as down: misses without IO
             self.stats.add("store_down_blocks", stats.down_refusals - self._down_refusals)
             self._down_refusals = stats.down_refusals
-        if self.pending and any(not f and k in self.pending for f, k in zip(found, keys)):
-            self.awaited = True
-        return found
 
     def lookup_refs(self, space: KeySpace, blocks) -> list[ChunkRef | None]:
         """The references stored for these (chunk block hash, tokens), each only when every exact
@@ -101,9 +144,7 @@ class StoreView:
         start = time.perf_counter()
         hits = self.store.lookup(keys)
         found = [i for i, hit in enumerate(hits) if hit]
-        if self.refs_waiting or self.record_writes:  # this engine is about to write some: worth a short wait
-            coming = {r.key for r in self.refs_waiting} | {k for task, _, _ in self.record_writes for k in task.keys}
-            self.awaited |= any(not hit and k in coming for hit, k in zip(hits, keys))
+        self._await_records(keys, hits)
         records = [bytearray(REF_BYTES) for _ in found]
         # Small reads on the scheduler's path: a lookup's deadline, not a KV load's (a mount that
         # answers stats but not reads must not hold every step for load_timeout_s).
@@ -144,10 +185,12 @@ class StoreView:
     def confirm(self, report: UCMWorkerReport, untrusted: set[str]) -> None:
         """The workers' answers about dumps; references of untrusted requests, or naming a block
         not stored, are dropped; dumps no worker answered for long are forgotten."""
+        now = time.monotonic()
         for key, ranks in report.stored.items():
             confirmed = self._confirmed.pop(key, 0) + ranks
             if confirmed >= self.num_shards:
                 self.pending.pop(key, None)
+                self._remember(key, now)
             elif key in self.pending:
                 self._confirmed[key] = confirmed
         for key in report.not_stored:
@@ -157,7 +200,6 @@ class StoreView:
             self.refs_waiting = [r for r in self.refs_waiting
                                  if r.req_id not in untrusted and not r.sources & report.not_stored]
         if self.pending:
-            now = time.monotonic()
             for key in [k for k, t in self.pending.items() if now - t > PENDING_DUMP_SECONDS]:
                 del self.pending[key]
                 self._confirmed.pop(key, None)

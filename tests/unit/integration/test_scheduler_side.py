@@ -576,13 +576,13 @@ def _evict_every_block(store_dir):
 
 
 @pytest.mark.parametrize("stored, first, asked", [
-    (0, 0, [32]),  # new text: one short lookup
-    (100, 0, [32, 68]),  # stored whole: the rest asked for once the first 32 are found
-    (40, 0, [32, 68]),
-    (20, 0, [32]),  # blocks after the first miss are taken as not stored
-    (0, 70, [100]),  # vLLM's own hits, then 30 more: the whole prompt
+    (0, 0, [8]),  # new text: one short lookup
+    (100, 0, [8, 92]),  # stored whole: the rest asked for once the first 8 are found
+    (40, 0, [8, 92]),
+    (5, 0, [8]),  # blocks after the first miss are taken as not stored
+    (0, 95, [100]),  # vLLM's own hits, then the 5 left: the whole prompt
 ])
-def test_exact_prompt_blocks_are_asked_for_past_the_first_32_only_when_all_were_found(stored, first, asked):
+def test_exact_prompt_blocks_are_asked_for_past_the_first_8_only_when_all_were_found(stored, first, asked):
     from ucm.integration.vllm.connector.request_lookup import leading_hits
 
     calls = []
@@ -593,7 +593,7 @@ def test_exact_prompt_blocks_are_asked_for_past_the_first_32_only_when_all_were_
 
     found = leading_hits(lookup, list(range(100)), first)
     assert calls == asked and len(found) == 100
-    assert found == [h < stored and (stored > 32 or h < 32 + first) for h in range(100)]
+    assert found == [h < stored and (stored > 8 or h < 8 + first) for h in range(100)]
 
 
 def test_tensor_parallel_blocks_are_found_only_with_every_ranks_shard(tmp_path):

@@ -55,6 +55,24 @@ def test_a_replaced_root_is_refused(make_store, tmp_path):
     assert files_under(str(root), ".kvb") == []
 
 
+def test_an_intact_root_is_checked_again_only_after_a_second_or_a_failed_write(make_store, monkeypatch):
+    """Each check is a stat and a read (round trips on NFS): not one per step's dumps."""
+    from ucm.store import nfs_store
+
+    checks = []
+    real = nfs_store.lost_root
+    monkeypatch.setattr(nfs_store, "lost_root", lambda roots: checks.append(1) or real(roots))
+    store = make_store()
+    for i in range(3):
+        k = key_of(20 + i)
+        assert store.wait(store.dump([k], [block_for(k, 1000)], [1])) == [True]
+    assert len(checks) == 1
+    monkeypatch.setattr(nfs_store, "ROOT_CHECK_S", 0.0)
+    k = key_of(30)
+    assert store.wait(store.dump([k], [block_for(k, 1000)], [1])) == [True]
+    assert len(checks) == 2
+
+
 def test_a_symlink_at_a_block_name_is_never_followed(make_store, tmp_path):
     store = make_store()
     key = key_of(3)

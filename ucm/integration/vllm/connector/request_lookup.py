@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 # confirm them (usually a step or two), then is planned with them as misses.
 DUMP_WAIT_SECONDS = 2.0
 # Exact prompt blocks looked up past vLLM's own prefix hits before the rest are.
-EXACT_PROBE_BLOCKS = 32
+EXACT_PROBE_BLOCKS = 8
 
 
 class RequestLookup:

@@ -35,6 +35,7 @@ import yaml
 from ucm.config.blend import SPARSE_METHODS, BlendConfig, SparseSpec, parse_sparse
 from ucm.config.checks import UCMConfigError, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
 from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS,
+                               PREFETCH_CHUNKS_KEY,
                               UCM_NO_EFFECT_TOP_LEVEL_KEYS,
                               QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION, BLEND_SELECTIONS,
                               CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM,
@@ -86,7 +87,8 @@ class UCMConfig:
     consumers of keys this module does not know. `config_file` is the YAML file read, if any.
     `async_prefix_loads`: whether a request whose stored KV is an exact prefix alone waits for it
     between steps instead of holding the step of every request in the batch while it is read
-    (True, False, or "auto": while the store's reads have recently been slow).
+    (True, False, or "auto": while the store's reads have recently been slow). `prefetch_chunks`:
+    the same for a blend request's chunk blocks, read while it waits in the queue.
     """
 
     stores: tuple[StoreSpec, ...]
@@ -94,6 +96,7 @@ class UCMConfig:
     extra: dict[str, Any]
     config_file: str | None = None
     async_prefix_loads: bool | str = "auto"
+    prefetch_chunks: bool | str = "auto"
 
     @classmethod
     def from_extra_config(
@@ -131,13 +134,18 @@ class UCMConfig:
             raise UCMConfigError("ucm_connectors must list at least one store, got an empty list")
         stores = tuple(StoreSpec.from_dict(entry, f"ucm_connectors[{i}]") for i, entry in enumerate(connectors))
 
-        async_loads = merged.get(ASYNC_PREFIX_LOADS_KEY, "auto")
-        if not (isinstance(async_loads, bool) or async_loads == "auto"):
-            raise UCMConfigError(f"{ASYNC_PREFIX_LOADS_KEY} must be true, false or \"auto\", got {async_loads!r}")
         return cls(
             stores=stores,
             sparse=parse_sparse(merged.get("ucm_sparse_config")),
             extra=merged,
             config_file=config_file,
-            async_prefix_loads=async_loads,
+            async_prefix_loads=_true_false_auto(merged, ASYNC_PREFIX_LOADS_KEY),
+            prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY),
         )
+
+
+def _true_false_auto(merged: Mapping[str, Any], key: str) -> bool | str:
+    value = merged.get(key, "auto")
+    if not (isinstance(value, bool) or value == "auto"):
+        raise UCMConfigError(f"{key} must be true, false or \"auto\", got {value!r}")
+    return value

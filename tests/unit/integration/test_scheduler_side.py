@@ -1049,7 +1049,7 @@ def test_auto_reads_exact_prefixes_between_steps_for_a_while_after_a_slow_read(t
     store_exact(side, tokens, 3)
     side.take_report(UCMWorkerReport(store_down_s=0.0))  # no slow read reported
     assert side.get_num_new_matched_tokens(request(side, "a", tokens), 0) == (12, False)
-    side.take_report(UCMWorkerReport(slow_prefix_read_s=0.2))
+    side.take_report(UCMWorkerReport(slow_read_s=0.2))
     assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (12, True)
     now = time.monotonic()
     monkeypatch.setattr(time, "monotonic", lambda: now + scheduler_side.SLOW_READS_HOLD_S + 1)

@@ -23,10 +23,10 @@ import torch
 from ucm.integration.vllm.faults import inject
 from ucm.store.base import KVStoreBase, Task
 
-# async_prefix_loads "auto": a step whose exact-prefix reads waited longer than this held every
-# request of its batch noticeably, so the workers report it and the scheduler reads exact
-# prefixes between steps for a while.
-SLOW_PREFIX_READ_S = 0.05
+# async_prefix_loads / prefetch_chunks "auto": a step whose reads waited longer than this held
+# every request of its batch noticeably, so the workers report it and the scheduler reads exact
+# prefixes between steps, and chunk blocks ahead of their step, for a while.
+SLOW_READ_S = 0.05
 
 # Writes one block read (its buffer) into its cache slots.
 Placement = Callable[[torch.Tensor, torch.Tensor], None]

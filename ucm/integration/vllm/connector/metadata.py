@@ -96,8 +96,19 @@ class RequestStep:
 
 
 @dataclass
+class ChunkPrefetch:
+    """A blend request held in the queue while the workers read its chunk blocks (keys, rows
+    stored per block) into buffers of their own; its Blend step then takes them from there."""
+
+    req_id: str
+    keys: list[StoreKey]
+    rows: list[int]
+
+
+@dataclass
 class UCMConnectorMetadata(KVConnectorMetadata):
     requests: list[RequestStep] = field(default_factory=list)
+    prefetches: list[ChunkPrefetch] = field(default_factory=list)
 
 
 @dataclass
@@ -117,20 +128,27 @@ class UCMWorkerReport(KVConnectorWorkerMetadata):
     # Seconds the store still counts as down on some rank (a load or dump passed its deadline):
     # the scheduler's lookups, which a mount that answers stats but not reads still answers, miss.
     store_down_s: float = 0.0
-    # A step's exact-prefix reads waited this long on some rank, over SLOW_PREFIX_READ_S (0: none
-    # did): under async_prefix_loads "auto" the scheduler reads them between steps for a while.
-    slow_prefix_read_s: float = 0.0
+    # A step's reads waited this long on some rank, over SLOW_READ_S (0: none did; chunk reads
+    # count only when slow for their size): under async_prefix_loads / prefetch_chunks "auto" the
+    # scheduler reads exact prefixes between steps and chunk blocks ahead of their step for a while.
+    slow_read_s: float = 0.0
+    prefetched: dict[str, int] = field(default_factory=dict)  # request id -> ranks whose chunk prefetch ended
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> UCMWorkerReport:
         assert isinstance(other, UCMWorkerReport)
-        stored = dict(self.stored)
-        for key, ranks in other.stored.items():
-            stored[key] = stored.get(key, 0) + ranks
-        return UCMWorkerReport(stored, self.not_stored | other.not_stored, self.load_failed | other.load_failed,
-                               self.not_blended | other.not_blended, self.blend_error | other.blend_error,
-                               max(self.store_down_s, other.store_down_s),
-                               max(self.slow_prefix_read_s, other.slow_prefix_read_s))
+        return UCMWorkerReport(_summed(self.stored, other.stored), self.not_stored | other.not_stored,
+                               self.load_failed | other.load_failed, self.not_blended | other.not_blended,
+                               self.blend_error | other.blend_error, max(self.store_down_s, other.store_down_s),
+                               max(self.slow_read_s, other.slow_read_s),
+                               _summed(self.prefetched, other.prefetched))
 
     def is_empty(self) -> bool:
         return not (self.stored or self.not_stored or self.load_failed or self.not_blended or self.blend_error
-                    or self.store_down_s or self.slow_prefix_read_s)
+                    or self.store_down_s or self.slow_read_s or self.prefetched)
+
+
+def _summed(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for key, n in b.items():
+        out[key] = out.get(key, 0) + n
+    return out

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ucm.config import CHUNK_LENGTHS_PARAM
-from ucm.integration.vllm.connector.metadata import BlendRegion, BlockLoad
+from ucm.integration.vllm.connector.metadata import BlendRegion, BlockLoad, ChunkPrefetch
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.request_state import RequestState
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -75,7 +75,7 @@ def choose_region(state: RequestState, params: dict, policy: RequestParamPolicy,
         state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
 
 
-def chunk_loads(loaded: list[ChunkBlock], keys: KeySpace, view: StoreView) -> list[BlockLoad]:
+def chunk_loads(loaded: list[ChunkBlock], keys: KeySpace, view: StoreView, count: bool = True) -> list[BlockLoad]:
     """The loads of a blended request's chunk blocks: each stored block whole, or through its
     reference, the rows it names from the exact blocks that hold them (K moved by the offset)."""
     loads = []
@@ -84,7 +84,8 @@ def chunk_loads(loaded: list[ChunkBlock], keys: KeySpace, view: StoreView) -> li
             loads.append(BlockLoad(keys.key(blk.kind, blk.block_hash), blk.tokens.start, len(blk.tokens),
                                    blk.chunk_start, blk.skip))
             continue
-        view.stats.add("chunk_ref_hit_blocks")
+        if count:
+            view.stats.add("chunk_ref_hit_blocks")
         for piece in ref_pieces(blk.ref, blk.placed, blk.tokens.start):
             loads.append(BlockLoad(keys.key(KeyKind.EXACT, piece.source), piece.start, len(piece.rows),
                                    piece.rope_delta, rows_from=piece.rows.start, stored_tokens=view.block_size))
@@ -114,3 +115,11 @@ def first_blend_step(state: RequestState, num_computed: int, local: int, view: S
         stats.add("blended_requests")
         stats.add("chunk_hit_tokens", sum(len(b.placed) for b in loaded))
     return region, chunk_loads(loaded, state.keys, view)
+
+
+def chunk_prefetch(state: RequestState, view: StoreView) -> ChunkPrefetch:
+    """The chunk blocks a blend request's step will read, to be read while it waits in the queue."""
+    loads = chunk_loads([b for b in state.plan.loaded if b.placed.start < state.blend_end], state.keys, view,
+                        count=False)
+    unique = {ld.key: ld.stored_rows for ld in loads}
+    return ChunkPrefetch(state.request.request_id, list(unique), list(unique.values()))

@@ -27,11 +27,11 @@ from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
 from ucm.integration.vllm.connector.dump_plan import new_dumps
-from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
-                                                    UCMWorkerReport)
+from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, ChunkPrefetch, RequestStep,
+                                                    UCMConnectorMetadata, UCMWorkerReport)
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.request_lookup import RequestLookup
-from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, first_blend_step
+from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, chunk_prefetch, first_blend_step
 from ucm.integration.vllm.connector.request_state import Phase, RequestState, count_only_reused_as_cached
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.connector.store_view import KeySpace, StoreView
@@ -61,6 +61,9 @@ SLOW_READS_HOLD_S = 60.0
 # for at most this long per report, so it is up again soon after the worker's is (the worker's
 # back-off can be a minute, and it may end early when a hung mount answers again).
 STORE_DOWN_HOLD_S = 5.0
+# A blend request waits in the queue for its chunk blocks' prefetch at most this long; then its
+# step reads what has not come.
+PREFETCH_WAIT_S = 5.0
 
 
 class SchedulerSide:
@@ -91,6 +94,10 @@ class SchedulerSide:
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
         self.async_loads = config.async_prefix_loads  # True, False or "auto" (slow_reads_until)
         self.slow_reads_until = 0.0  # "auto": exact prefixes are read between steps until then
+        self.prefetch_chunks = config.prefetch_chunks  # True, False or "auto" (slow_reads_until)
+        # Blend requests whose chunk blocks the workers read while they wait: req_id -> [since, ranks done]
+        self._prefetching: dict[str, list] = {}
+        self._prefetches_to_send: list[ChunkPrefetch] = []
         self._loads_to_start: list[RequestState] = []  # allocated this step, their exact prefix read between steps
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
@@ -140,7 +147,10 @@ class SchedulerSide:
             self.view.forget_known()
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
             self.view.store.hold_down(min(report.store_down_s, STORE_DOWN_HOLD_S))
-        if report.slow_prefix_read_s:
+        for req_id, ranks in report.prefetched.items():
+            if req_id in self._prefetching:
+                self._prefetching[req_id][1] += ranks
+        if report.slow_read_s:
             self.slow_reads_until = time.monotonic() + SLOW_READS_HOLD_S
 
     def _reads_between_steps(self) -> bool:
@@ -194,6 +204,8 @@ class SchedulerSide:
                 state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
                 return None, False
+        if state.blending and resumed is None and self._waits_for_prefetch(state, num_computed_tokens):
+            return None, False
         if state.blending:
             if self._waits_a_step(state):
                 self.stats.add("blend_deferrals")
@@ -233,6 +245,24 @@ class SchedulerSide:
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
         return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), num_computed_tokens,
                                 resumed)
+
+    def _waits_for_prefetch(self, state: RequestState, num_computed_tokens: int) -> bool:
+        """Whether a blend request stays in the queue while the workers read its chunk blocks
+        (chunk_prefetch.py): from its first lookup until every rank's reads ended, at most
+        PREFETCH_WAIT_S. Its plan is held meanwhile."""
+        req_id = state.request.request_id
+        waiting = self._prefetching.get(req_id)
+        if waiting is None:
+            if not (self.prefetch_chunks is True
+                    or (self.prefetch_chunks == "auto" and time.monotonic() < self.slow_reads_until)):
+                return False
+            waiting = self._prefetching[req_id] = [time.monotonic(), 0]
+            self._prefetches_to_send.append(chunk_prefetch(state, self.view))
+            self.stats.add("chunk_prefetches")
+        elif waiting[1] >= self.view.num_shards or time.monotonic() - waiting[0] > PREFETCH_WAIT_S:
+            return False
+        self._deferred[req_id] = (num_computed_tokens, state)
+        return True
 
     def _waits_a_step(self, state: RequestState) -> bool:
         """Whether a blend request is deferred a step: held behind a shorter job (`hold_over`), or
@@ -287,6 +317,7 @@ class SchedulerSide:
                                              prefix_loads=self._prefix_loads(state, state.local_tokens),
                                              load_async=True))
         self._loads_to_start = []
+        meta.prefetches, self._prefetches_to_send = self._prefetches_to_send, []
         for new in scheduler_output.scheduled_new_reqs:
             state = self._states.get(new.req_id)
             if state is None:
@@ -326,6 +357,7 @@ class SchedulerSide:
         self._resumed.pop(request.request_id, None)
         self.lookup.forget(request.request_id)
         self._deferred.pop(request.request_id, None)
+        self._prefetching.pop(request.request_id, None)
         if state is None:
             return None
         if self.background is not None and state.plan is not None:

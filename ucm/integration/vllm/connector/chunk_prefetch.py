@@ -1,0 +1,100 @@
+"""Chunk blocks read while their blend request waits in the queue (`prefetch_chunks`).
+
+A blend request's chunk blocks feed its step's forward, so they are read inside that step, and
+on a slow mount the read holds every request of the batch. With prefetching the scheduler holds
+the request in the queue for a step or more and names its chunk blocks in the step's metadata;
+each worker reads them into buffers of its own while the other requests' steps run and reports
+when its reads ended (well or not). The request's Blend step then copies the blocks read well
+into place and reads only the rest, as without prefetching. Buffers are never reused while the
+store may still write them: a prefetch dropped unfinished (its request finished or was planned
+again) waits in `draining` until its read ends or passes the store's deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ucm.integration.vllm.connector.background_loads import bytes_view
+from ucm.store.base import KVStoreBase, Task
+from ucm.store.keys import StoreKey
+
+
+@dataclass
+class _Prefetch:
+    task: Task | None  # None: refused before any IO (every block is read in the step)
+    keys: list[StoreKey]  # as the scheduler names them
+    buffers: list[torch.Tensor]
+    nbytes: int
+    give_up_at: float | None
+    ok: list[bool] | None = None  # set once the read ended
+
+    def ended(self, store: KVStoreBase, now: float) -> bool:
+        if self.ok is None and self.task is not None:
+            if store.check(self.task):
+                self.ok = store.wait(self.task)
+            elif self.give_up_at is not None and now > self.give_up_at:
+                self.ok = store.wait(self.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
+        return self.task is None or self.ok is not None
+
+
+class ChunkPrefetches:
+    """One worker's chunk reads for queued blend requests, bounded by `limit_bytes` of buffers."""
+
+    def __init__(self, store: KVStoreBase, limit_bytes: int):
+        self.store = store
+        self.limit_bytes = limit_bytes
+        self._reads: dict[str, _Prefetch] = {}
+        self._reported: set[str] = set()
+        self.draining: list[_Prefetch] = []
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(p.nbytes for p in (*self._reads.values(), *self.draining))
+
+    def start(self, req_id: str, keys: Sequence[StoreKey], store_keys: Sequence[bytes],
+              buffers: Callable[[], list[torch.Tensor]], nbytes: int) -> None:
+        """Starts reading `store_keys` (this rank's names of `keys`) into `buffers()`; over the
+        byte limit, or when the store raises, nothing is read (the step reads them, as before)."""
+        self.forget([req_id])
+        task, bufs = None, []
+        if self.held_bytes + nbytes <= self.limit_bytes:
+            bufs = buffers()
+            try:
+                task = self.store.load(list(store_keys), [bytes_view(b) for b in bufs])
+            except Exception:  # a cache fault must not take the engine down: read in the step
+                task, bufs = None, []
+        deadline = None if task is None else self.store.load_deadline_s(task)
+        give_up_at = None if not deadline else time.monotonic() + deadline
+        self._reads[req_id] = _Prefetch(task, list(keys), bufs, nbytes if task else 0, give_up_at)
+        self._reported.discard(req_id)
+
+    def poll(self) -> list[str]:
+        """Requests whose reads ended since the last poll (each listed once)."""
+        now = time.monotonic()
+        self.draining = [p for p in self.draining if not p.ended(self.store, now)]
+        ended = [r for r, p in self._reads.items() if r not in self._reported and p.ended(self.store, now)]
+        self._reported.update(ended)
+        return ended
+
+    def take(self, req_id: str) -> dict[StoreKey, torch.Tensor]:
+        """The request's blocks read well, by key; an unfinished read is waited for up to its deadline."""
+        p = self._reads.pop(req_id, None)
+        self._reported.discard(req_id)
+        if p is None or p.task is None:
+            return {}
+        if p.ok is None:
+            remaining = None if p.give_up_at is None else max(1e-3, p.give_up_at - time.monotonic())
+            p.ok = self.store.wait(p.task, timeout_s=remaining)
+        return {k: b for k, b, good in zip(p.keys, p.buffers, p.ok) if good}
+
+    def forget(self, req_ids) -> None:
+        """Drops the reads of requests that finished or will not use them."""
+        for req_id in req_ids:
+            p = self._reads.pop(req_id, None)
+            self._reported.discard(req_id)
+            if p is not None and not p.ended(self.store, time.monotonic()):
+                self.draining.append(p)

@@ -23,8 +23,13 @@ README = REPO / "README.md"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
 
 # (file, title, command that wrote it)
-HEADLINE_RUN = "blend_bench_musique100_bf16_attention.json"  # the README's offline rows: all of MuSiQue, the defaults
+HEADLINE_RUN = "blend_bench_musique100_bf16_query.json"  # the README's offline rows: all of MuSiQue, the defaults
 EVAL_RUNS = [
+    ("blend_bench_musique100_bf16_query.json", "MuSiQue, 100 questions, bfloat16, the defaults with the committed query "
+     "rule (squared per-layer shares of the question's attention, 2026-11-29, a fifteenth session; AVX-512-BF16 "
+     "host, a few unit tests beside it)",
+     "python benchmarks/blend_bench.py --num-questions 100 --no-plot --dtype bfloat16 --selections query --ratio 0.15 "
+     "--kl-tokens 1 --out benchmarks/results/blend_bench_musique100_bf16_query.json"),
     ("blend_bench_musique100_bf16_attention.json", "MuSiQue, 100 questions, bfloat16, the defaults with the query rule "
      "by attention alone (2026-11-28, an eleventh session; AVX-512-BF16 host, nothing else running but a few "
      "unit tests)",

@@ -96,7 +96,7 @@ class UCMConfig:
     extra: dict[str, Any]
     config_file: str | None = None
     async_prefix_loads: bool | str = "auto"
-    prefetch_chunks: bool | str = "auto"
+    prefetch_chunks: bool | str = False
 
     @classmethod
     def from_extra_config(
@@ -140,12 +140,12 @@ class UCMConfig:
             extra=merged,
             config_file=config_file,
             async_prefix_loads=_true_false_auto(merged, ASYNC_PREFIX_LOADS_KEY),
-            prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY),
+            prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY, False),
         )
 
 
-def _true_false_auto(merged: Mapping[str, Any], key: str) -> bool | str:
-    value = merged.get(key, "auto")
+def _true_false_auto(merged: Mapping[str, Any], key: str, default: bool | str = "auto") -> bool | str:
+    value = merged.get(key, default)
     if not (isinstance(value, bool) or value == "auto"):
         raise UCMConfigError(f"{key} must be true, false or \"auto\", got {value!r}")
     return value

@@ -538,6 +538,20 @@ TRAFFIC_RUNS = [
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
      "--servers blend --mount 'hang=open+read+write@60/300' "
      "--out benchmarks/results/rag_traffic_zipf110_hang300_deadline2_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_kinds_bf16.json', "The +5 ms stream with the committed lookups: a chunk's first block first, its other blocks only in the kind it was found in, 8 exact prompt blocks before the rest, blocks known stored answered from memory for 30 s, the root checked once a second (code 85a4044, prefetch_chunks off; 2026-11-29, a fifteenth session). The plain directory right after: rag_traffic_zipf48_dir_kinds_bf16.json",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_kinds_bf16.json", None),
+    ('rag_traffic_zipf48_dir_kinds_bf16.json', 'The same stream on the plain directory, the same code, right after',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --out benchmarks/results/rag_traffic_zipf48_dir_kinds_bf16.json', None),
+    ('rag_traffic_zipf48_latency5_prefetch_bf16.json', "The +5 ms stream with chunk blocks read while their request waits in the queue (prefetch_chunks auto, then the default; a chunk's first block looked up first in every kind; code bf2e237, 2026-11-29, a fifteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_prefetch_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_noprefetch_bf16.json', 'The same code without prefetching (a UCM_CONFIG_FILE saying prefetch_chunks: false), right after',
+     "UCM_CONFIG_FILE=noprefetch.yaml python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_noprefetch_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_dram2_bf16.json', 'The +5 ms stream with a 2 GiB DRAM tier in front of the mount (code bf2e237, prefetch_chunks auto)',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount \'latency_ms=5\' --store-config \'{"dram_capacity_gb": 2}\' --out benchmarks/results/rag_traffic_zipf48_latency5_dram2_bf16.json', None),
+    ('rag_traffic_zipf48_dir_dram2_bf16.json', 'The plain directory with the same 2 GiB DRAM tier, right after',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --store-config \'{"dram_capacity_gb": 2}\' --out benchmarks/results/rag_traffic_zipf48_dir_dram2_bf16.json', None),
+    ('rag_traffic_zipf48_dir_prefetch_auto_bf16.json', 'The plain directory with the code of the prefetch run (code bf2e237: reads never slow there, nothing prefetched)',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --out benchmarks/results/rag_traffic_zipf48_dir_prefetch_auto_bf16.json', None),
     ("rag_traffic_zipf48_latency5_io16_final_bf16.json", "The +5 ms stream with the committed store: lookups up to 32 "
      "stats at once, 16 IO threads by default (code 76bab67, nothing else running; 2026-11-28, a fourteenth session). "
      "The plain directory right after: rag_traffic_zipf48_dir_final_bf16.json",
@@ -865,8 +879,9 @@ LATEST = [
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
      "rag_traffic_zipf110_hang300_bf16.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount",
-     "rag_traffic_zipf48_latency5_io16_final_bf16.json"),
-    ("The same stream on the plain directory", "rag_traffic_zipf48_dir_final_bf16.json"),
+     "rag_traffic_zipf48_latency5_kinds_bf16.json"),
+    ("The same stream on the plain directory", "rag_traffic_zipf48_dir_kinds_bf16.json"),
+    ("The +5 ms stream with a 2 GiB DRAM tier", "rag_traffic_zipf48_latency5_dram2_bf16.json"),
     ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),

@@ -50,7 +50,8 @@ def test_reads_over_the_limit_are_left_to_the_step_and_end_at_once(tmp_path):
     w = worker(tmp_path / "store")
     keys = stored(w, 2)
     prefetches = ChunkPrefetches(w.store, limit_bytes=BS * w.token_bytes)  # room for one block
-    prefetches.start("a", keys, [w.store_key(k) for k in keys], lambda: [w.block_tensor(BS)] * 2, 2 * BS * w.token_bytes)
+    prefetches.start("a", keys, [w.store_key(k) for k in keys], lambda: [w.block_tensor(BS)] * 2,
+                     2 * BS * w.token_bytes)
     assert prefetches.poll() == ["a"] and prefetches.take("a") == {}
     prefetches.start("b", keys[:1], [w.store_key(keys[0])], lambda: [w.block_tensor(BS)], BS * w.token_bytes)
     wait_for(prefetches, "b")
@@ -82,7 +83,7 @@ def test_a_read_dropped_unfinished_keeps_its_buffers_until_it_ends(tmp_path):
 @pytest.mark.parametrize("setting", [True, "auto"])
 def test_a_blend_request_waits_for_its_prefetch_then_blends_as_planned(tmp_path, setting):
     side = side_for(tmp_path, ratio=0.5)
-    side.prefetch_chunks = setting
+    side.reads.prefetch_chunks = setting
     tokens = prompt(1)
     store_chunks(side, tokens)
     if setting == "auto":  # only once the workers said reads are slow
@@ -105,13 +106,13 @@ def test_a_blend_request_waits_for_its_prefetch_then_blends_as_planned(tmp_path,
 
 
 def test_a_prefetch_not_reported_in_time_lets_the_request_go(tmp_path, monkeypatch):
-    from ucm.integration.vllm.connector import scheduler_side
+    from ucm.integration.vllm.connector import read_ahead
 
     side = side_for(tmp_path)
-    side.prefetch_chunks = True
+    side.reads.prefetch_chunks = True
     tokens = prompt(1)
     store_chunks(side, tokens)
     req = request(side, "a", tokens)
     assert side.get_num_new_matched_tokens(req, 0) == (None, False)
-    monkeypatch.setattr(scheduler_side, "PREFETCH_WAIT_S", 0.0)
+    monkeypatch.setattr(read_ahead, "PREFETCH_WAIT_S", 0.0)
     assert side.get_num_new_matched_tokens(req, 0) == (21, False)  # its step reads what did not come

@@ -1007,7 +1007,7 @@ def test_an_exact_prefix_alone_is_read_between_steps(tmp_path):
     """vLLM parks the request (load_kv_async) while its exact blocks are read; the step that starts
     the read is not a sync-load step, and the request's first scheduled step loads nothing again."""
     side = side_for(tmp_path, admission=STORE_ALL)
-    side.async_loads = True
+    side.reads.async_loads = True
     tokens = prompt(1)
     keys = store_exact(side, tokens, 3)
     req = request(side, "a", tokens)
@@ -1029,8 +1029,8 @@ def test_an_exact_prefix_alone_is_read_between_steps(tmp_path):
 @pytest.mark.parametrize("setting", [False, "auto"])
 def test_exact_prefix_loads_stay_in_step_when_off_or_while_reads_are_fast(tmp_path, setting):
     side = side_for(tmp_path, admission=STORE_ALL)
-    assert side.async_loads == "auto"  # the default
-    side.async_loads = setting
+    assert side.reads.async_loads == "auto"  # the default
+    side.reads.async_loads = setting
     tokens = prompt(1)
     store_exact(side, tokens, 3)
     req = request(side, "a", tokens)
@@ -1041,7 +1041,7 @@ def test_exact_prefix_loads_stay_in_step_when_off_or_while_reads_are_fast(tmp_pa
 
 
 def test_auto_reads_exact_prefixes_between_steps_for_a_while_after_a_slow_read(tmp_path, monkeypatch):
-    from ucm.integration.vllm.connector import scheduler_side
+    from ucm.integration.vllm.connector import read_ahead
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
     side = side_for(tmp_path, admission=STORE_ALL)
@@ -1052,7 +1052,7 @@ def test_auto_reads_exact_prefixes_between_steps_for_a_while_after_a_slow_read(t
     side.take_report(UCMWorkerReport(slow_read_s=0.2))
     assert side.get_num_new_matched_tokens(request(side, "b", tokens), 0) == (12, True)
     now = time.monotonic()
-    monkeypatch.setattr(time, "monotonic", lambda: now + scheduler_side.SLOW_READS_HOLD_S + 1)
+    monkeypatch.setattr(time, "monotonic", lambda: now + read_ahead.SLOW_READS_HOLD_S + 1)
     assert side.get_num_new_matched_tokens(request(side, "c", tokens), 0) == (12, False)  # the hold has passed
 
 
@@ -1062,7 +1062,7 @@ def test_a_request_whose_background_read_failed_stores_nothing(tmp_path):
     from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 
     side = side_for(tmp_path, admission=STORE_ALL)
-    side.async_loads = True
+    side.reads.async_loads = True
     tokens = prompt(1)
     store_exact(side, tokens, 3)
     req = request(side, "a", tokens)

@@ -27,6 +27,15 @@ from ucm.store.base import KVStoreBase, Task
 # every request of its batch noticeably, so the workers report it and the scheduler reads exact
 # prefixes between steps, and chunk blocks ahead of their step, for a while.
 SLOW_READ_S = 0.05
+# Chunk reads count as slow only below this rate too (a local directory's page cache is far faster).
+SLOW_CHUNK_READ_BYTES_S = 2e9
+
+def slow_read(wait_s: float, prefix: bool, chunks: bool, timed_out: bool, chunk_bytes: int) -> bool:
+    """Whether a step's reads say reading ahead would spare the batch: exact-prefix reads alone
+    (chunk reads in the same step are waited for either way), or chunk reads slow for their size."""
+    return wait_s > SLOW_READ_S and ((prefix and (not chunks or timed_out))
+                                     or (chunks and chunk_bytes < SLOW_CHUNK_READ_BYTES_S * wait_s))
+
 
 # Writes one block read (its buffer) into its cache slots.
 Placement = Callable[[torch.Tensor, torch.Tensor], None]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ucm.integration.vllm.connector.background_loads import bytes_view
+from ucm.integration.vllm.connector.metadata import BlockLoad, ChunkPrefetch
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey
 
@@ -41,10 +42,14 @@ class _Prefetch:
         return self.task is None or self.ok is not None
 
 
+# Buffers of chunk blocks read for queued blend requests, at most, per worker.
+PREFETCH_LIMIT_BYTES = 2 << 30
+
+
 class ChunkPrefetches:
     """One worker's chunk reads for queued blend requests, bounded by `limit_bytes` of buffers."""
 
-    def __init__(self, store: KVStoreBase, limit_bytes: int):
+    def __init__(self, store: KVStoreBase, limit_bytes: int = PREFETCH_LIMIT_BYTES):
         self.store = store
         self.limit_bytes = limit_bytes
         self._reads: dict[str, _Prefetch] = {}
@@ -80,6 +85,27 @@ class ChunkPrefetches:
         self._reported.update(ended)
         return ended
 
+    def start_all(self, prefetches: Sequence[ChunkPrefetch], shard_key: Callable[[StoreKey], bytes],
+                  block: Callable[[int], torch.Tensor], token_bytes: int) -> None:
+        """Starts a step's prefetches (`shard_key`: this rank's name of a block; `block(rows)`: a buffer)."""
+        for pf in prefetches:
+            self.start(pf.req_id, pf.keys, [shard_key(k) for k in pf.keys],
+                       lambda rows=pf.rows: [block(n) for n in rows], sum(pf.rows) * token_bytes)
+
+    def fill(self, loads: Sequence[tuple[str, BlockLoad]], destinations: Sequence[torch.Tensor]) -> set[int]:
+        """Copies the blocks read well ahead of the step into the destinations of those (request
+        id, chunk load) pairs; returns their indices (the others are read in the step)."""
+        got: dict[StoreKey, torch.Tensor] = {}
+        for req_id in {req_id for req_id, _ in loads}:
+            got.update(self.take(req_id))
+        filled = set()
+        for i, (_, ld) in enumerate(loads):
+            buf = got.get(ld.key)
+            if buf is not None and buf.shape == destinations[i].shape:
+                destinations[i].copy_(buf)
+                filled.add(i)
+        return filled
+
     def take(self, req_id: str) -> dict[StoreKey, torch.Tensor]:
         """The request's blocks read well, by key; an unfinished read is waited for up to its deadline."""
         p = self._reads.pop(req_id, None)
@@ -98,3 +124,14 @@ class ChunkPrefetches:
             self._reported.discard(req_id)
             if p is not None and not p.ended(self.store, time.monotonic()):
                 self.draining.append(p)
+
+
+def read_others(store: KVStoreBase, keys: Sequence[bytes], destinations: Sequence[torch.Tensor],
+                filled: set[int]) -> tuple[Task, list[bool], int]:
+    """Reads the blocks not filled from a prefetch: (the store's task, every block's outcome, bytes read)."""
+    read = [i for i in range(len(keys)) if i not in filled]
+    task = store.load([keys[i] for i in read], [bytes_view(destinations[i]) for i in read])
+    ok = [True] * len(keys)
+    for i, good in zip(read, store.wait(task)):
+        ok[i] = good
+    return task, ok, sum(destinations[i].numel() * destinations[i].element_size() for i in read)

@@ -13,7 +13,7 @@ cap; the parts live beside it: `store_view` (lookups, dumps awaiting confirmatio
 scheduler writes), `request_lookup` (a request looked up and planned), `request_state` (a
 request's lifecycle and report), `request_plan` (chunks, region, loads), `dump_plan` (what is
 stored after a step), `approximate_hashes` (prefix-cache hygiene), `background_chunks` (missed
-chunks computed alone).
+chunks computed alone), `read_ahead` (reads done ahead of a request's step).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
 from ucm.integration.vllm.connector.dump_plan import new_dumps
-from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, ChunkPrefetch, RequestStep,
-                                                    UCMConnectorMetadata, UCMWorkerReport)
+from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
+                                                    UCMWorkerReport)
+from ucm.integration.vllm.connector.read_ahead import ReadAhead
 from ucm.integration.vllm.connector.request_params import RequestParamPolicy
 from ucm.integration.vllm.connector.request_lookup import RequestLookup
 from ucm.integration.vllm.connector.request_plan import STAGED_PER_ROW, chunk_prefetch, first_blend_step
@@ -53,17 +54,10 @@ logger = logging.getLogger(__name__)
 # BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
 HELD_PLAN_SECONDS = 2.0
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
-# async_prefix_loads "auto": after a worker reports a slow exact-prefix read, exact prefixes are
-# read between steps for this long (a read between steps costs its request a step or two, which
-# a fast read does not repay).
-SLOW_READS_HOLD_S = 60.0
 # A worker whose store is down says so in every step's report; the scheduler's store follows it
 # for at most this long per report, so it is up again soon after the worker's is (the worker's
 # back-off can be a minute, and it may end early when a hung mount answers again).
 STORE_DOWN_HOLD_S = 5.0
-# A blend request waits in the queue for its chunk blocks' prefetch at most this long; then its
-# step reads what has not come.
-PREFETCH_WAIT_S = 5.0
 
 
 class SchedulerSide:
@@ -92,15 +86,10 @@ class SchedulerSide:
         self.hashes = ApproximateHashes()  # blended blocks' hashes, salted
         self._resumed: dict[str, tuple[int, int]] = {}  # preempted blend requests: (preemptions, dumped)
         self._deferred: dict[str, tuple[int, RequestState]] = {}  # deferred at the cap: (computed, plan)
-        self.async_loads = config.async_prefix_loads  # True, False or "auto" (slow_reads_until)
-        self.slow_reads_until = 0.0  # "auto": exact prefixes are read between steps until then
-        self.prefetch_chunks = config.prefetch_chunks  # True, False or "auto" (slow_reads_until)
-        # Blend requests whose chunk blocks the workers read while they wait: req_id -> [since, ranks done]
-        self._prefetching: dict[str, list] = {}
-        self._prefetches_to_send: list[ChunkPrefetch] = []
         self._loads_to_start: list[RequestState] = []  # allocated this step, their exact prefix read between steps
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
+        self.reads = ReadAhead(config.async_prefix_loads, config.prefetch_chunks, num_shards, self.stats)
         self.adapters = AdapterDigests()  # LoRA adapters' content digests, for their requests' keys
         self._errors = ErrorLog(logger)
         self.params = RequestParamPolicy(self.blend)
@@ -147,16 +136,7 @@ class SchedulerSide:
             self.view.forget_known()
         if report.store_down_s:  # a worker's load or dump timed out: the scheduler's lookups miss too
             self.view.store.hold_down(min(report.store_down_s, STORE_DOWN_HOLD_S))
-        for req_id, ranks in report.prefetched.items():
-            if req_id in self._prefetching:
-                self._prefetching[req_id][1] += ranks
-        if report.slow_read_s:
-            self.slow_reads_until = time.monotonic() + SLOW_READS_HOLD_S
-
-    def _reads_between_steps(self) -> bool:
-        if self.async_loads == "auto":
-            return time.monotonic() < self.slow_reads_until
-        return bool(self.async_loads)
+        self.reads.take_report(report)
 
     def _distrust(self, req_id: str, reason: str) -> None:
         state = self._states.get(req_id)
@@ -204,7 +184,9 @@ class SchedulerSide:
                 state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
                 return None, False
-        if state.blending and resumed is None and self._waits_for_prefetch(state, num_computed_tokens):
+        if (state.blending and resumed is None
+                and self.reads.holds(request.request_id, lambda: chunk_prefetch(state, self.view))):
+            self._deferred[request.request_id] = (num_computed_tokens, state)  # its plan is held meanwhile
             return None, False
         if state.blending:
             if self._waits_a_step(state):
@@ -223,7 +205,7 @@ class SchedulerSide:
         state.local_tokens = num_computed_tokens
         # An exact prefix alone may be read between steps while the others run (async_prefix_loads);
         # a Blend region's loads feed the step's forward.
-        state.loads_between_steps = state.prefix_external > 0 and resumed is None and self._reads_between_steps()
+        state.loads_between_steps = state.prefix_external > 0 and resumed is None and self.reads.prefix_between_steps()
         return state.prefix_external, state.loads_between_steps
 
     def planned_blend_work(self, request: Request) -> int:
@@ -245,24 +227,6 @@ class SchedulerSide:
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
         return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), num_computed_tokens,
                                 resumed)
-
-    def _waits_for_prefetch(self, state: RequestState, num_computed_tokens: int) -> bool:
-        """Whether a blend request stays in the queue while the workers read its chunk blocks
-        (chunk_prefetch.py): from its first lookup until every rank's reads ended, at most
-        PREFETCH_WAIT_S. Its plan is held meanwhile."""
-        req_id = state.request.request_id
-        waiting = self._prefetching.get(req_id)
-        if waiting is None:
-            if not (self.prefetch_chunks is True
-                    or (self.prefetch_chunks == "auto" and time.monotonic() < self.slow_reads_until)):
-                return False
-            waiting = self._prefetching[req_id] = [time.monotonic(), 0]
-            self._prefetches_to_send.append(chunk_prefetch(state, self.view))
-            self.stats.add("chunk_prefetches")
-        elif waiting[1] >= self.view.num_shards or time.monotonic() - waiting[0] > PREFETCH_WAIT_S:
-            return False
-        self._deferred[req_id] = (num_computed_tokens, state)
-        return True
 
     def _waits_a_step(self, state: RequestState) -> bool:
         """Whether a blend request is deferred a step: held behind a shorter job (`hold_over`), or
@@ -317,7 +281,7 @@ class SchedulerSide:
                                              prefix_loads=self._prefix_loads(state, state.local_tokens),
                                              load_async=True))
         self._loads_to_start = []
-        meta.prefetches, self._prefetches_to_send = self._prefetches_to_send, []
+        meta.prefetches = self.reads.take_prefetches()
         for new in scheduler_output.scheduled_new_reqs:
             state = self._states.get(new.req_id)
             if state is None:
@@ -357,7 +321,7 @@ class SchedulerSide:
         self._resumed.pop(request.request_id, None)
         self.lookup.forget(request.request_id)
         self._deferred.pop(request.request_id, None)
-        self._prefetching.pop(request.request_id, None)
+        self.reads.forget(request.request_id)
         if state is None:
             return None
         if self.background is not None and state.plan is not None:

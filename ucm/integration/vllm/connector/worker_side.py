@@ -16,8 +16,8 @@ import torch
 from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend_models
 from ucm.integration.vllm.kv_layout import KVLayout, layer_index, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
-from ucm.integration.vllm.connector.background_loads import SLOW_READ_S, BackgroundLoads, bytes_view
-from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches
+from ucm.integration.vllm.connector.background_loads import BackgroundLoads, bytes_view, slow_read
+from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches, read_others
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
@@ -33,11 +33,6 @@ logger = logging.getLogger(__name__)
 
 # Attention backends whose metadata blend_forward can narrow to the selected tokens.
 BLEND_BACKENDS = ("CPU_ATTN",)
-# A step whose chunk reads waited over SLOW_READ_S at less than this rate read from a slow
-# mount (a local directory's page cache answers far faster): the scheduler prefetches for a while.
-SLOW_CHUNK_READ_BYTES_S = 2e9
-# Buffers of chunk blocks read for queued blend requests, at most.
-PREFETCH_LIMIT_BYTES = 2 << 30
 
 
 class WorkerSide:
@@ -69,7 +64,7 @@ class WorkerSide:
         self._errors = ErrorLog(logger)
         self._buffers = ReusedBuffers(2 * self.block_size)
         self._background = BackgroundLoads(store)  # exact prefixes
-        self._prefetch = ChunkPrefetches(store, PREFETCH_LIMIT_BYTES)  # chunk blocks of queued blend requests
+        self._prefetch = ChunkPrefetches(store)  # chunk blocks of queued blend requests
         # Rotations only happen for chunk KV: a store used for prefix offload alone needs no RoPE.
         self.rotation = None if check_layer is None else KeyRotation.for_model(
             vllm_config, lambda shape, dtype: self._buffers.get("rope", shape, dtype))
@@ -118,10 +113,8 @@ class WorkerSide:
     def start_load_kv(self, meta: UCMConnectorMetadata) -> None:
         self._blend_step = None
         self._blend_requests = []
-        for pf in meta.prefetches:
-            self._prefetch.start(pf.req_id, pf.keys, [self.store_key(k) for k in pf.keys],
-                                 lambda rows=pf.rows: [self.block_tensor(n) for n in rows],
-                                 sum(pf.rows) * self.token_bytes)
+        if meta.prefetches:
+            self._prefetch.start_all(meta.prefetches, self.store_key, self.block_tensor, self.token_bytes)
         background = [req for req in meta.requests if req.load_async]
         if background:  # read between steps; no rank waits for another over them (vLLM unions the failures)
             for req in background:
@@ -140,12 +133,11 @@ class WorkerSide:
             if self._agreement.any_failed(failed is not None) and failed is None:
                 failed = PeerLoadFailed("another tensor-parallel rank's loads or placement failed")
         if failed is not None:
-            exc = failed
             self._blend_step = None
             # The store's IO threads may still be writing the load buffers: never reuse them.
             self._buffers.drop("chunk_rows", "whole_blocks")
             self._fail_requests([req for req in meta.requests if req.prefix_loads or req.blend is not None],
-                                "load", exc, from_prefix=True)
+                                "load", failed, from_prefix=True)
 
     def _load(self, meta: UCMConnectorMetadata) -> None:
         prefix = [(req, ld) for req in meta.requests for ld in req.prefix_loads]
@@ -162,23 +154,16 @@ class WorkerSide:
         destinations = read_destinations(chunk_lds, prefix_lds, staging,
                                          self._staging("whole_blocks", whole_rows(chunk_lds, prefix_lds)))
         keys = [self.store_key(ld.key) for ld in chunk_lds + prefix_lds]
-        prefetched = self._take_prefetched(chunks, destinations)
-        read = [i for i in range(len(keys)) if i not in prefetched]
-        task = self.store.load([keys[i] for i in read], [bytes_view(destinations[i]) for i in read])
+        filled = self._prefetch.fill([(req.req_id, ld) for req, ld in chunks], destinations)
+        self.stats.add("prefetched_blocks", len(filled))
         waited = time.perf_counter()
-        ok = [True] * len(keys)
-        for i, good in zip(read, self.store.wait(task)):
-            ok[i] = good
+        task, ok, read_bytes = read_others(self.store, keys, destinations, filled)
         ok = self._agreement.loaded(len(keys), ok)
         if ok is None:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")
         wait_s = time.perf_counter() - waited
         self.stats.add("load_wait_seconds", wait_s)
-        # Exact-prefix reads alone say if reading them between steps spares the batch; chunk reads
-        # say so when they were slow for their size (not a local directory's page cache).
-        read_bytes = sum(destinations[i].numel() for i in read) * self._dtype.itemsize
-        if wait_s > SLOW_READ_S and ((prefix and (not chunks or task.timed_out))
-                                            or (chunks and read_bytes < SLOW_CHUNK_READ_BYTES_S * wait_s)):
+        if slow_read(wait_s, bool(prefix), bool(chunks), task.timed_out, read_bytes):
             self._report.slow_read_s = max(self._report.slow_read_s, wait_s)
         if task.refused:
             self.stats.add("store_down_blocks", len(task.native_indices))
@@ -225,21 +210,6 @@ class WorkerSide:
                                          self.max_blend_rows, self.narrowing)
         self.stats.add("load_seconds", elapsed := time.perf_counter() - start)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
-
-    def _take_prefetched(self, chunks, destinations: list[torch.Tensor]) -> set[int]:
-        """Fills the destinations of chunk blocks read well ahead of the step (`prefetch_chunks`);
-        returns their indices (the others are read now)."""
-        got: dict[StoreKey, torch.Tensor] = {}
-        for req_id in {req.req_id for req, _ in chunks}:
-            got.update(self._prefetch.take(req_id))
-        filled = set()
-        for i, (_, ld) in enumerate(chunks):
-            buf = got.get(ld.key)
-            if buf is not None and buf.shape == destinations[i].shape:
-                destinations[i].copy_(buf)
-                filled.add(i)
-        self.stats.add("prefetched_blocks", len(filled))
-        return filled
 
     def _start_background(self, req: RequestStep) -> None:
         loads = req.prefix_loads

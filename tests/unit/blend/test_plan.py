@@ -85,9 +85,10 @@ def test_new_chunks_cost_one_lookup_per_chunk_not_per_block():
 
     plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lambda blocks: [None] * len(blocks))
     assert plan.chunk_hits() == [(0, 3, 0), (12, 3, 3), (24, 3, 0)]
-    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks as chunk KV
-    # alone, the kind its first block was found in.
-    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.CHUNK, 3)]
+    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks exact and as
+    # chunk KV (a chunk may be stored partly as references, partly as copies).
+    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.EXACT, 3),
+                     (KeyKind.CHUNK, 3)]
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])

@@ -111,54 +111,54 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
     """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV,
     chunk KV over a reference into another prompt's exact blocks (`lookup_refs`).
 
-    Each chunk's first block is looked up first, in every kind (references by their presence),
-    and the chunk's other blocks only in the kind its first block was found in and the kinds
-    after it (for the blocks missing there): a chunk whose first block is stored in none is
-    taken as missing whole. Chunks are stored from their first block on, so this loses almost
-    nothing, and a prompt of new passages costs a lookup per chunk instead of several per block
-    (each a round trip on NFS).
+    Each chunk's first block is looked up first, in every kind (references by their presence):
+    a chunk whose first block is stored in none is taken as missing whole. Chunks are stored
+    from their first block on, so this loses almost nothing, and a prompt of new passages costs
+    a lookup per chunk instead of several per block (each a round trip on NFS). The blocks of a
+    chunk found are looked up in every kind: one chunk may be stored partly as references into
+    another prompt's exact blocks and partly as copies (its blocks past that prompt's last full block).
 
     ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
     """
     every = chunk_blocks(layout, token_ids, hasher, isolation)
     last = {c: h for h, c, _ in every}  # the last block of each chunk wins
     candidates = [(h, c, s) for h, c, s in every if s.end > prefix_tokens]
-    kinds = (KeyKind.EXACT, KeyKind.CHUNK, KeyKind.CHUNK_REF) if lookup_refs is not None else (KeyKind.EXACT,
-                                                                                               KeyKind.CHUNK)
-    first_kind = _first_blocks_kind(candidates, lookup, kinds)
-    found: dict[BlockHash, KeyKind] = {}
+    looked = _probed_chunks(candidates, lookup, lookup_refs is not None)
+    hashes = [h for h, c, _ in candidates if c in looked]
+    exact = dict(zip(hashes, lookup(KeyKind.EXACT, hashes))) if hashes else {}
+    need_chunk = [h for h in hashes if not exact[h]]
+    chunk_hits = dict(zip(need_chunk, lookup(KeyKind.CHUNK, need_chunk))) if need_chunk else {}
     refs: dict[BlockHash, ChunkRef] = {}
-    for i, kind in enumerate(kinds):
-        asked = [(h, s) for h, c, s in candidates
-                 if c in first_kind and kinds.index(first_kind[c]) <= i and h not in found]
-        asked = list({h: s for h, s in asked}.items())  # a chunk sent twice is asked for once
-        if not asked:
-            continue
-        if kind is KeyKind.CHUNK_REF:
-            refs = {h: r for (h, _), r in zip(asked, lookup_refs([(h, len(s)) for h, s in asked])) if r is not None}
-            found.update((h, kind) for h in refs)
-        else:
-            found.update((h, kind) for (h, _), hit in zip(asked, lookup(kind, [h for h, _ in asked])) if hit)
-    blocks = [ChunkBlock(h, chunk_start, span, found.get(h), skip=max(0, prefix_tokens - span.start), ref=refs.get(h))
-              for h, chunk_start, span in candidates]
+    if lookup_refs is not None:
+        need_ref = [(h, len(s)) for h, c, s in candidates if c in looked and not exact[h] and not chunk_hits[h]]
+        if need_ref:
+            refs = {h: r for (h, _), r in zip(need_ref, lookup_refs(need_ref)) if r is not None}
+    blocks = []
+    for h, chunk_start, span in candidates:
+        kind = (KeyKind.EXACT if exact.get(h) else KeyKind.CHUNK if chunk_hits.get(h)
+                else KeyKind.CHUNK_REF if h in refs else None)
+        blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start),
+                                 ref=refs.get(h)))
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks),
                      tuple(last[c.start] for c in layout.chunks))
 
 
-def _first_blocks_kind(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn,
-                       kinds: tuple[KeyKind, ...]) -> dict[int, KeyKind]:
-    """Per chunk start, the first of `kinds` its first candidate block is stored in; chunks
-    whose first block is stored in none are left out."""
+def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn, refs: bool) -> set[int]:
+    """Starts of the chunks whose first candidate block is stored in some kind (exact, chunk KV,
+    or a reference when `refs`): the only ones whose blocks are looked up one by one."""
     firsts: dict[int, BlockHash] = {}
     for h, c, _ in candidates:
         firsts.setdefault(c, h)
-    out: dict[int, KeyKind] = {}
-    for kind in kinds:
-        rest = [(c, h) for c, h in firsts.items() if c not in out]
-        if not rest:
-            break
-        out.update((c, kind) for (c, _), hit in zip(rest, lookup(kind, [h for _, h in rest])) if hit)
-    return out
+    if not firsts:
+        return set()
+    starts, hashes = list(firsts), list(firsts.values())
+    present = lookup(KeyKind.EXACT, hashes)
+    for kind in (KeyKind.CHUNK, KeyKind.CHUNK_REF) if refs else (KeyKind.CHUNK,):
+        rest = [h for h, p in zip(hashes, present) if not p]
+        if rest:
+            more = iter(lookup(kind, rest))
+            present = [p or next(more) for p in present]
+    return {c for c, p in zip(starts, present) if p}
 
 
 def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:

@@ -74,7 +74,7 @@ class RequestLookup:
         hashes = self.hashes.original(request)[:num_full]
         lookup = partial(self.view.lookup, keys)
         first = num_computed_tokens // bs
-        exact_stored = leading_hits(lookup, hashes, first)
+        exact_stored = leading_hits(partial(self.view.lookup, keys, known=False), hashes, first)
         hits = 0
         params, refused = self.params.honoured(request.kv_transfer_params)
         use_prefix = self.loads and params.get(EXACT_PREFIX_PARAM, True) is not False

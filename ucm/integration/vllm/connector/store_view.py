@@ -5,10 +5,11 @@ sightings) the scheduler writes itself.
 Only dumps every tensor-parallel rank confirmed count as stored: a block submitted moments ago is
 a miss (`awaited` says so, so the request can wait for it) until every worker reported it.
 
-Blocks are named by their content and never rewritten, so a block known stored (found by a
-lookup, or its dump confirmed) is answered from memory for `KNOWN_SECONDS` without asking the
+Blocks are named by their content and never rewritten, so a chunk block known stored (found by
+a lookup, or its dump confirmed) is answered from memory for `KNOWN_SECONDS` without asking the
 mount again; a load that fails (another instance evicted it meanwhile) is computed instead and
-forgets every such answer.
+forgets every such answer. Exact prompt blocks, and whether a block is stored before dumping it,
+are always asked.
 """
 
 from __future__ import annotations
@@ -84,16 +85,18 @@ class StoreView:
         """A request's lookups start: `awaited` says afterwards whether any of them waits for this engine's writes."""
         self.awaited = False
 
-    def lookup(self, space: KeySpace, kind: KeyKind, hashes) -> list[bool]:
+    def lookup(self, space: KeySpace, kind: KeyKind, hashes, known: bool = True) -> list[bool]:
         """Which blocks the store holds, every tensor-parallel rank's shard of them (CHUNK_REF:
-        whether a reference record is there, unchecked: `lookup_refs` reads and checks it)."""
+        whether a reference record is there, unchecked: `lookup_refs` reads and checks it).
+        `known` False: the store is asked for every block (what decides a dump, or an exact
+        prefix, which vLLM would not recompute if its load failed as a chunk block's is)."""
         if not hashes:
             return []
         keys = [space.key(kind, h) for h in hashes]
         now = time.monotonic()
         if self._known and self.store.down_for_s() > 0:  # held down: nothing counts as stored
             self.forget_known()
-        found = [now - self._known.get(k, -KNOWN_SECONDS) < KNOWN_SECONDS for k in keys]
+        found = [known and now - self._known.get(k, -KNOWN_SECONDS) < KNOWN_SECONDS for k in keys]
         ask = [i for i, f in enumerate(found) if not f]
         if ask:
             start = time.perf_counter()
@@ -174,7 +177,8 @@ class StoreView:
     def stored(self, space: KeySpace, block_hash: bytes) -> bool:
         """Whether the store holds this block as exact KV (every tensor-parallel rank's shard of
         it), or this engine's dump of it is on its way."""
-        return space.key(KeyKind.EXACT, block_hash) in self.pending or self.lookup(space, KeyKind.EXACT, [block_hash])[0]
+        return (space.key(KeyKind.EXACT, block_hash) in self.pending
+                or self.lookup(space, KeyKind.EXACT, [block_hash], known=False)[0])
 
     def submitted(self, keys) -> None:
         """Dumps handed to the workers this step: misses to lookups until confirmed."""

@@ -101,7 +101,9 @@ class StoreView:
         if ask:
             start = time.perf_counter()
             asked = [keys[i] for i in ask]
-            hits = self.store.lookup(asked) if kind is KeyKind.CHUNK_REF else self.store.lookup_shards(asked, self.num_shards)
+            # References are records, not KV: one file whatever the number of ranks.
+            hits = (self.store.lookup(asked) if kind is KeyKind.CHUNK_REF
+                    else self.store.lookup_shards(asked, self.num_shards))
             self.stats.add("lookup_seconds", time.perf_counter() - start)
             for i, hit in zip(ask, hits):
                 found[i] = hit

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from fault_mount import FaultMount, mounted_or_skip
+from fault_mount import FaultMount
 from test_scheduler_side import admit, prompt, request, side_for, step, store_chunks
-from test_slow_prefix_reads import BS, prefix_step, stored, worker
+from test_slow_prefix_reads import BS, mounted_worker, prefix_step, stored, worker
 from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches
 from ucm.integration.vllm.connector.metadata import ChunkPrefetch, UCMConnectorMetadata, UCMWorkerReport
 
@@ -61,11 +61,8 @@ def test_reads_over_the_limit_are_left_to_the_step_and_end_at_once(tmp_path):
 
 @pytest.mark.skipif(FaultMount.available() is not None, reason=f"FUSE: {FaultMount.available()}")
 def test_a_read_dropped_unfinished_keeps_its_buffers_until_it_ends(tmp_path):
-    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
-        w = worker(mount.mountpoint)
-        keys = stored(w, 2)
+    with mounted_worker(tmp_path, 2, latency_ms=300) as (w, keys):
         prefetches = ChunkPrefetches(w.store, limit_bytes=1 << 30)
-        mount.set(latency_ms=300)
         prefetches.start("a", keys, [w.store_key(k) for k in keys], lambda: [w.block_tensor(BS) for _ in keys],
                          2 * BS * w.token_bytes)
         prefetches.forget(["a"])  # finished before its step
@@ -76,8 +73,6 @@ def test_a_read_dropped_unfinished_keeps_its_buffers_until_it_ends(tmp_path):
             prefetches.poll()
             time.sleep(0.05)
         assert prefetches.held_bytes == 0
-        mount.set()
-        w.store.close()
 
 
 @pytest.mark.parametrize("setting", [True, "auto"])

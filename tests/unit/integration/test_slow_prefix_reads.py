@@ -7,6 +7,7 @@ slow for their size, as from a slow mount); a fast read reports nothing.
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +43,19 @@ def stored(w: WorkerSide, n: int) -> list:
     return keys
 
 
+@contextlib.contextmanager
+def mounted_worker(tmp_path, n: int, latency_ms: int):
+    """A worker whose store is a FUSE mount holding `n` blocks, then slowed by `latency_ms`:
+    yields (worker, keys); the mount is healthy again and the store closed afterwards."""
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
+        w = worker(mount.mountpoint)
+        keys = stored(w, n)
+        mount.set(latency_ms=latency_ms)
+        yield w, keys
+        mount.set()
+        w.store.close()
+
+
 def prefix_step(keys, chunk_keys=()) -> UCMConnectorMetadata:
     """Request "a" reads `keys` as its exact prefix; request "b" reads `chunk_keys` as chunk blocks."""
     steps = [RequestStep("a", [1, 2, 3], 0, 4, prefix_loads=[BlockLoad(k, i * BS, BS) for i, k in enumerate(keys)])]
@@ -62,13 +76,8 @@ def test_a_fast_exact_prefix_read_reports_nothing(tmp_path):
 
 @pytest.mark.skipif(FaultMount.available() is not None, reason=f"FUSE: {FaultMount.available()}")
 def test_a_slow_read_is_reported_whether_exact_prefix_or_chunk_blocks(tmp_path):
-    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as mount:
-        w = worker(mount.mountpoint)
-        keys = stored(w, 3)
-        mount.set(latency_ms=int(SLOW_READ_S * 2000))
+    with mounted_worker(tmp_path, 3, latency_ms=int(SLOW_READ_S * 2000)) as (w, keys):
         for step in (prefix_step(keys[:2], chunk_keys=keys[2:]), prefix_step(keys[:2]), prefix_step([], keys)):
             w.start_load_kv(step)
             report = w.build_report()
             assert report is not None and report.slow_read_s > SLOW_READ_S
-        mount.set()
-        w.store.close()

@@ -37,6 +37,22 @@ def slow_read(wait_s: float, prefix: bool, chunks: bool, timed_out: bool, chunk_
                                      or (chunks and chunk_bytes < SLOW_CHUNK_READ_BYTES_S * wait_s))
 
 
+def give_up_time(store: KVStoreBase, task: Task | None) -> float | None:
+    """When a read started now is given up: the store's deadline for it (None: never)."""
+    deadline = None if task is None else store.load_deadline_s(task)
+    return None if not deadline else time.monotonic() + deadline
+
+
+def outcome_if_ended(store: KVStoreBase, task: Task, give_up_at: float | None, now: float) -> list[bool] | None:
+    """A polled read's per-block outcome once it ended or passed its give-up time (it then fails,
+    counted by the store as a timeout); None while it runs."""
+    if store.check(task):
+        return store.wait(task)
+    if give_up_at is not None and now > give_up_at:
+        return store.wait(task, timeout_s=1e-3)
+    return None
+
+
 # Writes one block read (its buffer) into its cache slots.
 Placement = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -91,9 +107,7 @@ class BackgroundLoads:
             task = self.store.load(list(keys), [bytes_view(b) for b in buffers])
         except Exception:  # a cache fault must not take the engine down: vLLM computes the blocks
             task = None
-        deadline = None if task is None else self.store.load_deadline_s(task)
-        give_up_at = None if not deadline else time.monotonic() + deadline
-        self._loads[req_id] = _Load(task, buffers, slots, block_ids, give_up_at)
+        self._loads[req_id] = _Load(task, buffers, slots, block_ids, give_up_time(self.store, task))
 
     def poll(self, place: Placement) -> Received:
         """Places every finished read (`place(buffer, slots)` per block read) and returns what
@@ -101,13 +115,9 @@ class BackgroundLoads:
         out = Received(set(), set(), set(), 0, 0)
         now = time.monotonic()
         for req_id, load in list(self._loads.items()):
-            if load.task is None:
-                ok = [False] * len(load.buffers)
-            elif self.store.check(load.task):
-                ok = self.store.wait(load.task)
-            elif load.give_up_at is not None and now > load.give_up_at:
-                ok = self.store.wait(load.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
-            else:
+            ok = ([False] * len(load.buffers) if load.task is None
+                  else outcome_if_ended(self.store, load.task, load.give_up_at, now))
+            if ok is None:
                 continue
             del self._loads[req_id]
             out.req_ids.add(req_id)

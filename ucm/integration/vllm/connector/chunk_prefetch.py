@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.integration.vllm.connector.background_loads import bytes_view
+from ucm.integration.vllm.connector.background_loads import bytes_view, give_up_time, outcome_if_ended
 from ucm.integration.vllm.connector.metadata import BlockLoad, ChunkPrefetch
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey
@@ -35,10 +35,7 @@ class _Prefetch:
 
     def ended(self, store: KVStoreBase, now: float) -> bool:
         if self.ok is None and self.task is not None:
-            if store.check(self.task):
-                self.ok = store.wait(self.task)
-            elif self.give_up_at is not None and now > self.give_up_at:
-                self.ok = store.wait(self.task, timeout_s=1e-3)  # gives up: counted by the store as a timeout
+            self.ok = outcome_if_ended(store, self.task, self.give_up_at, now)
         return self.task is None or self.ok is not None
 
 
@@ -72,9 +69,7 @@ class ChunkPrefetches:
                 task = self.store.load(list(store_keys), [bytes_view(b) for b in bufs])
             except Exception:  # a cache fault must not take the engine down: read in the step
                 task, bufs = None, []
-        deadline = None if task is None else self.store.load_deadline_s(task)
-        give_up_at = None if not deadline else time.monotonic() + deadline
-        self._reads[req_id] = _Prefetch(task, list(keys), bufs, nbytes if task else 0, give_up_at)
+        self._reads[req_id] = _Prefetch(task, list(keys), bufs, nbytes if task else 0, give_up_time(self.store, task))
         self._reported.discard(req_id)
 
     def poll(self) -> list[str]:

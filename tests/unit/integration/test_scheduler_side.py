@@ -30,7 +30,8 @@ BS, MARKER = 4, 2
 STORE_ALL = "first_sighting"  # tests of the dumps themselves: every computed block is stored (no admission filter)
 
 
-def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", **blend_extra):
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", async_lookups=False,
+             **blend_extra):
     blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
     if max_step_tokens is not None:
         blend["max_step_tokens"] = max_step_tokens
@@ -39,7 +40,7 @@ def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_rol
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
                             "ucm_connector_config": {"storage_backends": str(tmp_path / "store"),
                                                      **(store_extra or {})}}],
-        "ucm_sparse_config": {"Blend": blend}})
+        "ucm_sparse_config": {"Blend": blend}, "async_lookups": async_lookups})
     store = create_store("UcmNfsStore", config.stores[0].config)
     side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64, kv_role=kv_role)
     side._hasher = BlockHasher.from_seed("sha256", BS, "test")

@@ -117,15 +117,17 @@ def test_auto_moves_plans_off_the_step_after_slow_lookups_for_a_while(monkeypatc
         return "state"
 
     assert plans.now(lambda: plan(0.001)) == "state" and not plans.wanted()
-    assert plans.make("a", 0, lambda: plan(0.001), True, 2.0) == "state"  # fast lookups: in the step
+    assert not plans.off_step("a", True)  # fast lookups: in the step
     assert plans.now(lambda: plan(background_plans.SLOW_LOOKUPS_S * 2)) == "state" and plans.wanted()
-    assert plans.make("a", 0, lambda: plan(0.001), False, 2.0) == "state"  # nobody else runs: in the step
-    assert plans.make("a", 0, lambda: plan(0.001), True, 2.0) is None  # off the step
+    assert not plans.off_step("a", False)  # nobody else runs: in the step
+    assert plans.off_step("a", True)
+    assert plans.later("a", 0, lambda: plan(0.001), 2.0) is None  # started
+    assert plans.off_step("a", False)  # in flight: waited for
     deadline = time.monotonic() + 10
-    while (state := plans.make("a", 0, lambda: plan(0.001), False, 2.0)) is None:  # in flight: waited for
+    while (state := plans.later("a", 0, lambda: plan(0.001), 2.0)) is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert state == "state"
+    assert state == "state" and not plans.off_step("a", False)
     plans.slow_until = time.monotonic() - 1  # the hold ran out
     assert not plans.wanted()
     plans.close()
@@ -145,3 +147,16 @@ def test_slow_lookups_on_a_mount_move_the_next_plans_off_the_step(tmp_path):
         assert planned(side, request(side, "b", tokens)) == (21, False)
         mount.set()
         side.store.close()
+
+
+def test_a_plan_ahead_of_vllms_question_leaves_slow_lookups_to_that_question(tmp_path):
+    side = side_for(tmp_path, async_lookups=True)
+    tokens = prompt(1)
+    store_chunks(side, tokens)
+    running(side)
+    req = request(side, "a", tokens)
+    assert side.planned_blend_work(req) == 0 and not side.plans._jobs  # BlendFirstScheduler's look-ahead
+    assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+    assert side.planned_blend_work(req) == 0  # still being made: not started again
+    assert planned(side, req) == (21, False)
+    assert side.stats.data["background_plans"] == 1

@@ -409,7 +409,7 @@ def test_per_request_parameters_follow_the_operators_policy(tmp_path, monkeypatc
     side = side_for(tmp_path, **config)
     req = request(side, "a", prompt(1))
     req.kv_transfer_params = dict(KNOBS)
-    params, refused = side.request_params(req)
+    params, refused = side.params.honoured(req.kv_transfer_params)
     assert set(params) == honoured
     assert set(refused) == {"ucm_blend_ratio", "ucm_blend_selection", "ucm_exact_prefix"} - honoured
     store_chunks(side, req.prompt_token_ids)

@@ -46,13 +46,10 @@ class BackgroundPlans:
             return time.monotonic() < self.slow_until
         return bool(self.setting)
 
-    def make(self, req_id: str, num_computed_tokens: int, plan: Callable[[], T | None], others_run: bool,
-             max_age_s: float) -> T | None:
-        """A request's plan: made now, or off the step (None until made: `later`) when its plan is
-        being made there already, or when lookups are slow and other requests run meanwhile."""
-        if req_id in self._jobs or (others_run and self.wanted()):
-            return self.later(req_id, num_computed_tokens, plan, max_age_s)
-        return self.now(plan)
+    def off_step(self, req_id: str, others_run: bool) -> bool:
+        """Whether a request's plan is made off the step (`later`): it is being made there
+        already, or lookups are slow and other requests run meanwhile."""
+        return req_id in self._jobs or (others_run and self.wanted())
 
     def now(self, plan: Callable[[], T]) -> T:
         """`plan()` made in the caller's thread, after any plan in flight on the planner's."""

@@ -148,10 +148,6 @@ class SchedulerSide:
         if state.fallback != reason:
             state.fall_back(reason, self.stats)
 
-    def request_params(self, request: Request) -> tuple[dict, tuple[str, ...]]:
-        """(the per-request parameters honoured, the names of those refused) of a request."""
-        return self.params.honoured(request.kv_transfer_params)
-
     # ---- vLLM connector API (scheduler role) -------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -215,21 +211,24 @@ class SchedulerSide:
             return 0
         state = self._held_plan(request.request_id, 0)
         if state is None:
-            state = self._plan(request, 0, None)
+            state = self._plan(request, 0, None, ahead=True)
             if state is None:
                 return 0  # waits for this engine's dumps, or for its plan off the step
             self._deferred[request.request_id] = (0, state)
         return max(1, state.work) if state.blending else 0
 
-    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
-        """The request's plan; None while it waits for this engine's dumps, or while its plan is
-        made off the step (a new request, lookups slow, others running: background_plans.py)."""
+    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None,
+              ahead: bool = False) -> RequestState | None:
+        """The request's plan; None while it waits for this engine's dumps or for its plan made off
+        the step (background_plans.py), which a plan `ahead` of vLLM's question leaves to that."""
         def plan() -> RequestState | None:
             inject("lookup")
             return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)),
                                     num_computed_tokens, resumed)
-        others_run = resumed is None and any(s.allocated for s in self._states.values())
-        return self.plans.make(request.request_id, num_computed_tokens, plan, others_run, HELD_PLAN_SECONDS)
+        req_id = request.request_id
+        if resumed is None and self.plans.off_step(req_id, any(s.allocated for s in self._states.values())):
+            return None if ahead else self.plans.later(req_id, num_computed_tokens, plan, HELD_PLAN_SECONDS)
+        return self.plans.now(plan)
 
     def _waits_a_step(self, state: RequestState) -> bool:
         """Whether a blend request is deferred a step: held behind a shorter job (`hold_over`), or
@@ -336,7 +335,7 @@ class SchedulerSide:
 
     def _queue_missed_chunks(self, state: RequestState) -> None:
         """Queues the chunks the request missed, to be computed alone while the engine is idle."""
-        params, _ = self.request_params(state.request)
+        params, _ = self.params.honoured(state.request.kv_transfer_params)
         for chunk in missed_chunks(state, by_lengths=CHUNK_LENGTHS_PARAM in params):
             queued = self.background.offer(chunk)
             if queued is not None:

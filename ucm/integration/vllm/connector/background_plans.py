@@ -38,7 +38,9 @@ class BackgroundPlans:
         self.slow_until = 0.0
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._jobs: dict[str, tuple[int, Future]] = {}  # req_id -> (computed tokens it was planned at, job)
+        # (req_id, computed tokens it is planned at) -> job: BlendFirstScheduler's look-ahead plans
+        # at 0, vLLM's question after its local prefix hit; each keeps its own.
+        self._jobs: dict[tuple[str, int], Future] = {}
 
     def wanted(self) -> bool:
         """Whether a new request's plan should be made off the step (when others are running)."""
@@ -49,7 +51,7 @@ class BackgroundPlans:
     def off_step(self, req_id: str, others_run: bool) -> bool:
         """Whether a request's plan is made off the step (`later`): it is being made there
         already, or lookups are slow and other requests run meanwhile."""
-        return req_id in self._jobs or (others_run and self.wanted())
+        return any(key[0] == req_id for key in self._jobs) or (others_run and self.wanted())
 
     def now(self, plan: Callable[[], T]) -> T:
         """`plan()` made in the caller's thread, after any plan in flight on the planner's."""
@@ -64,26 +66,27 @@ class BackgroundPlans:
     def later(self, req_id: str, num_computed_tokens: int, plan: Callable[[], T | None],
               max_age_s: float) -> T | None:
         """The plan made on the planner's thread once it is there (None until then): started at
-        the first call, and again when vLLM's local prefix hit changed since, when the plan is
-        older than `max_age_s` (stores change), or when it came back empty (waiting for dumps).
-        Raises what the plan raised."""
-        job = self._jobs.get(req_id)
-        if job is not None and job[0] == num_computed_tokens:
-            if not job[1].done():
+        the first call, and again when the plan is older than `max_age_s` (stores change) or came
+        back empty (waiting for dumps). Raises what the plan raised."""
+        key = (req_id, num_computed_tokens)
+        job = self._jobs.get(key)
+        if job is not None:
+            if not job.done():
                 return None
-            del self._jobs[req_id]
-            state, finished = job[1].result()
+            del self._jobs[key]
+            state, finished = job.result()
             if state is not None and time.monotonic() - finished <= max_age_s:
                 return state
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ucm-plan")
-        self._jobs[req_id] = (num_computed_tokens, self._pool.submit(lambda: (self.now(plan), time.monotonic())))
+        self._jobs[key] = self._pool.submit(lambda: (self.now(plan), time.monotonic()))
         self.stats.add("background_plans")
         return None
 
     def forget(self, req_id: str) -> None:
         """The request ended: its plan, if one is being made, is dropped when done."""
-        self._jobs.pop(req_id, None)
+        for key in [k for k in self._jobs if k[0] == req_id]:
+            del self._jobs[key]
 
     def close(self) -> None:
         if self._pool is not None:

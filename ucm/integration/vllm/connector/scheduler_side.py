@@ -211,23 +211,22 @@ class SchedulerSide:
             return 0
         state = self._held_plan(request.request_id, 0)
         if state is None:
-            state = self._plan(request, 0, None, ahead=True)
+            state = self._plan(request, 0, None)
             if state is None:
                 return 0  # waits for this engine's dumps, or for its plan off the step
             self._deferred[request.request_id] = (0, state)
         return max(1, state.work) if state.blending else 0
 
-    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None,
-              ahead: bool = False) -> RequestState | None:
+    def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
         """The request's plan; None while it waits for this engine's dumps or for its plan made off
-        the step (background_plans.py), which a plan `ahead` of vLLM's question leaves to that."""
+        the step (background_plans.py)."""
         def plan() -> RequestState | None:
             inject("lookup")
             return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)),
                                     num_computed_tokens, resumed)
         req_id = request.request_id
         if resumed is None and self.plans.off_step(req_id, any(s.allocated for s in self._states.values())):
-            return None if ahead else self.plans.later(req_id, num_computed_tokens, plan, HELD_PLAN_SECONDS)
+            return self.plans.later(req_id, num_computed_tokens, plan, HELD_PLAN_SECONDS)
         return self.plans.now(plan)
 
     def _waits_a_step(self, state: RequestState) -> bool:

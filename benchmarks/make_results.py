@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ucm.eval.metrics import bootstrap_ci
+from ucm.eval.metrics import bootstrap_ci, paired_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -1033,10 +1033,23 @@ def traffic_table(data: dict, baseline: dict | None = None) -> list[str]:
             f"ratio {data['ratio']}, {data['dtype']}; high-hit: >= 80% of a request's chunk blocks hit on the Blend "
             "run (the same requests on plain).")
     gains = [f"Blend over plain vLLM at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
-             f"{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
+             f"{paired_ttft(data, load)}{same_answers(data, load)}." for load, x in data.get("speedup", {}).items()]
     alone = [line for run in data["runs"] for line in alone_lines(run)]
     return [head, "", *lines, "", *gains, *alone, *kl_lines(data), *store_lines(data), *instances_table(data),
             *mount_lines(data)]
+
+
+def paired_ttft(data: dict, load: str) -> str:
+    """", {x}x TTFT request by request (CI)": plain vLLM's TTFT over Blend's per request, geometric mean."""
+    runs = {r["server"]: r for r in data["runs"] if r["load"] == load}
+    if "plain" not in runs or "blend" not in runs:
+        return ""
+    ttft = [{rec["i"]: rec["ttft_s"] for rec in runs[s]["records"]} for s in ("plain", "blend")]
+    paired = paired_speedup(*ttft)
+    if paired is None:
+        return ""
+    mean, ci = paired
+    return f", {mean:.2f}x TTFT request by request" + (f" ({ci[0]:.2f}..{ci[1]:.2f})" if ci else "")
 
 
 def mount_lines(data: dict) -> list[str]:

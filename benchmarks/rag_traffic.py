@@ -68,7 +68,7 @@ from _mount_schedule import MountSchedule, mounted_store, window_summary
 from _serving import (DTYPE, blend_config, counters, free_port, load_examples, percentile, sample_rss, start_server,
                       stop_server, wait_healthy)
 from ucm.argparse_help import HelpFormatter
-from ucm.eval.metrics import top_k_kl
+from ucm.eval.metrics import paired_speedup, top_k_kl
 from ucm.eval.summary import host_record
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rag_traffic.json"  # results to keep: --out benchmarks/results/...
@@ -483,7 +483,10 @@ def print_table(results: dict) -> None:
               f"{s['ttft_p90_s']:.2f} s | {'-' if hh is None else f'{hh:.2f} s'} ({s['high_hit_requests']}) | {hits} | "
               f"{s['blended_share']:.0%} | {sum(s.get('fallbacks', {}).values())} | {mb} |")
     for load, x in results["speedup"].items():
-        print(f"blend over plain at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50")
+        runs = {r["server"]: r for r in results["runs"] if r["load"] == load}
+        paired = paired_speedup(*({rec["i"]: rec["ttft_s"] for rec in runs[s]["records"]} for s in ("plain", "blend")))
+        print(f"blend over plain at {load}: {x['requests_per_s']:.2f}x requests/s, {x['ttft_p50']:.2f}x TTFT p50"
+              + (f", {paired[0]:.2f}x TTFT request by request" if paired else ""))
     for run in results["runs"]:
         s = run["summary"]
         if s.get("alone_requests"):

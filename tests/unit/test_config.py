@@ -579,15 +579,13 @@ def test_several_check_layers_narrow_with_depth():
             "model.layers.40.self_attn.attn": {"ratio": 0.1}}}).validate_for_model(30, 1000)
 
 
-@pytest.mark.parametrize("key", ["async_prefix_loads", "async_lookups"])
 @pytest.mark.parametrize("value", [True, False, "auto"])
-def test_async_settings_take_true_false_or_auto(key, value):
-    assert getattr(parse({**example(), key: value}), key) == value
-    assert getattr(parse(example()), key) == "auto"
+def test_async_prefix_loads_takes_true_false_or_auto(value):
+    assert parse({**example(), "async_prefix_loads": value}).async_prefix_loads == value
+    assert parse(example()).async_prefix_loads == "auto"
 
 
-@pytest.mark.parametrize("key", ["async_prefix_loads", "async_lookups"])
 @pytest.mark.parametrize("value", ["yes", 1, None, "Auto"])
-def test_async_settings_name_a_bad_value(key, value):
-    with pytest.raises(UCMConfigError, match=f"{key} must be true, false or \"auto\""):
-        parse({**example(), key: value})
+def test_async_prefix_loads_names_a_bad_value(value):
+    with pytest.raises(UCMConfigError, match="async_prefix_loads must be true, false or \"auto\""):
+        parse({**example(), "async_prefix_loads": value})

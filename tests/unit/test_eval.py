@@ -17,7 +17,7 @@ from ucm.eval.measure import indexing_prompts, Measurement
 from ucm.eval.summary import (format_cache_table, format_counters, format_interval_table, format_table, format_tables,
                               summarize, unexpected_reports)
 from ucm.eval.datasets import DatasetError, generate_synthetic, load_dataset
-from ucm.eval.metrics import best_f1, bootstrap_ci, short_answer, token_f1
+from ucm.eval.metrics import best_f1, bootstrap_ci, paired_speedup, short_answer, token_f1
 from ucm.eval.prompts import ChunkedPrompt, build_prompt
 from ucm.store.config import GB
 
@@ -444,3 +444,13 @@ def _example(question):
     from ucm.eval.datasets import QAExample
 
     return QAExample(("body",), question, ("a",))
+
+
+def test_paired_speedup_is_the_geometric_mean_of_per_request_ratios_over_shared_requests():
+    plain = {0: 4.0, 1: 9.0, 2: 1.0, 3: 5.0}
+    blend = {0: 2.0, 1: 3.0, 2: 1.0, 9: 1.0}  # 3 only on plain, 9 only on blend: not paired
+    mean, (lo, hi) = paired_speedup(plain, blend)
+    assert mean == pytest.approx((2.0 * 3.0 * 1.0) ** (1 / 3))
+    assert lo <= mean <= hi
+    assert paired_speedup({0: 1.0}, {1: 1.0}) is None
+    assert paired_speedup({0: 2.0}, {0: 1.0}) == (2.0, None)  # one pair: no interval

@@ -34,7 +34,7 @@ import yaml
 
 from ucm.config.blend import SPARSE_METHODS, BlendConfig, SparseSpec, parse_sparse
 from ucm.config.checks import UCMConfigError, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
-from ucm.config.names import (ASYNC_LOOKUPS_KEY, ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS,
+from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS,
                                PREFETCH_CHUNKS_KEY,
                               UCM_NO_EFFECT_TOP_LEVEL_KEYS,
                               QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION, BLEND_SELECTIONS,
@@ -88,9 +88,7 @@ class UCMConfig:
     `async_prefix_loads`: whether a request whose stored KV is an exact prefix alone waits for it
     between steps instead of holding the step of every request in the batch while it is read
     (True, False, or "auto": while the store's reads have recently been slow). `prefetch_chunks`:
-    the same for a blend request's chunk blocks, read while it waits in the queue. `async_lookups`:
-    whether a new request's store lookups are made off the scheduler's step while others run
-    ("auto": while lookups have recently been slow).
+    the same for a blend request's chunk blocks, read while it waits in the queue.
     """
 
     stores: tuple[StoreSpec, ...]
@@ -99,7 +97,6 @@ class UCMConfig:
     config_file: str | None = None
     async_prefix_loads: bool | str = "auto"
     prefetch_chunks: bool | str = False
-    async_lookups: bool | str = "auto"
 
     @classmethod
     def from_extra_config(
@@ -144,7 +141,6 @@ class UCMConfig:
             config_file=config_file,
             async_prefix_loads=_true_false_auto(merged, ASYNC_PREFIX_LOADS_KEY),
             prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY, False),
-            async_lookups=_true_false_auto(merged, ASYNC_LOOKUPS_KEY),
         )
 
 

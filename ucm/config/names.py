@@ -15,10 +15,8 @@ EXTRA_NAME = "kv_connector_extra_config"
 # than a fast read).
 ASYNC_PREFIX_LOADS_KEY = "async_prefix_loads"
 PREFETCH_CHUNKS_KEY = "prefetch_chunks"
-# A new request's store lookups made off the scheduler's step while others run (background_plans.py).
-ASYNC_LOOKUPS_KEY = "async_lookups"
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY, ASYNC_PREFIX_LOADS_KEY,
-                                  PREFETCH_CHUNKS_KEY, ASYNC_LOOKUPS_KEY})
+                                  PREFETCH_CHUNKS_KEY})
 # Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
 # config written for UCM runs unchanged.
 UCM_NO_EFFECT_TOP_LEVEL_KEYS = frozenset({"load_only_first_rank", "use_layerwise", "metrics_config_path"})

@@ -60,6 +60,17 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     return float(lo), float(hi)
 
 
+def paired_speedup(reference: dict, other: dict) -> tuple[float, tuple[float, float] | None] | None:
+    """The geometric mean over shared keys of reference / other (e.g. plain vLLM's TTFT over Blend's,
+    request by request) with the bootstrap interval of it; None without shared keys. A median of a
+    stream's TTFTs jumps when a few requests move between bursts; paired ratios do not."""
+    logs = [math.log(reference[k] / other[k]) for k in reference.keys() & other.keys() if reference[k] > 0 < other[k]]
+    if not logs:
+        return None
+    ci = bootstrap_ci(logs)
+    return math.exp(sum(logs) / len(logs)), (None if ci is None else (math.exp(ci[0]), math.exp(ci[1])))
+
+
 def top_k_kl(reference: dict[int, float], other: dict[int, float]) -> float:
     """KL(reference || other) from two top-k next-token lists (token id -> log-probability), as a
     server returns them: over the tokens both lists show, plus one bin for every other token.

@@ -30,8 +30,7 @@ BS, MARKER = 4, 2
 STORE_ALL = "first_sighting"  # tests of the dumps themselves: every computed block is stored (no admission filter)
 
 
-def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", async_lookups=False,
-             **blend_extra):
+def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_role="kv_both", **blend_extra):
     blend = {"chunk_end_token_id": MARKER, "compute_meta": {"model.layers.1.self_attn.attn": {"ratio": ratio}}}
     if max_step_tokens is not None:
         blend["max_step_tokens"] = max_step_tokens
@@ -40,7 +39,7 @@ def side_for(tmp_path, max_step_tokens=None, ratio=0.5, store_extra=None, kv_rol
         "ucm_connectors": [{"ucm_connector_name": "UcmNfsStore",
                             "ucm_connector_config": {"storage_backends": str(tmp_path / "store"),
                                                      **(store_extra or {})}}],
-        "ucm_sparse_config": {"Blend": blend}, "async_lookups": async_lookups})
+        "ucm_sparse_config": {"Blend": blend}})
     store = create_store("UcmNfsStore", config.stores[0].config)
     side = SchedulerSide(config, store, b"test-namespace", BS, "sha256", step_budget=64, kv_role=kv_role)
     side._hasher = BlockHasher.from_seed("sha256", BS, "test")
@@ -409,7 +408,7 @@ def test_per_request_parameters_follow_the_operators_policy(tmp_path, monkeypatc
     side = side_for(tmp_path, **config)
     req = request(side, "a", prompt(1))
     req.kv_transfer_params = dict(KNOBS)
-    params, refused = side.params.honoured(req.kv_transfer_params)
+    params, refused = side.request_params(req)
     assert set(params) == honoured
     assert set(refused) == {"ucm_blend_ratio", "ucm_blend_selection", "ucm_exact_prefix"} - honoured
     store_chunks(side, req.prompt_token_ids)

@@ -113,10 +113,9 @@ class RecentHits:
 
     def share(self) -> float | None:
         """None until `evidence` requests looked chunks up."""
-        window = list(self._window)  # a copy: plans may read it on a thread of their own
-        if len(window) < self.evidence:
+        if len(self._window) < self.evidence:
             return None
-        return sum(f for f, _ in window) / sum(n for _, n in window)
+        return sum(f for f, _ in self._window) / sum(n for _, n in self._window)
 
 
 def admits_first_sighting(policy: str, recent: RecentHits) -> bool:

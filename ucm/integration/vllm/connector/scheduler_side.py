@@ -13,8 +13,7 @@ cap; the parts live beside it: `store_view` (lookups, dumps awaiting confirmatio
 scheduler writes), `request_lookup` (a request looked up and planned), `request_state` (a
 request's lifecycle and report), `request_plan` (chunks, region, loads), `dump_plan` (what is
 stored after a step), `approximate_hashes` (prefix-cache hygiene), `background_chunks` (missed
-chunks computed alone), `read_ahead` (reads done ahead of a request's step), `background_plans`
-(plans made off the step).
+chunks computed alone), `read_ahead` (reads done ahead of a request's step).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from ucm.config import CHUNK_LENGTHS_PARAM
 from ucm.integration.vllm.connector.adapter_identity import AdapterDigests
 from ucm.integration.vllm.connector.approximate_hashes import ApproximateHashes
 from ucm.integration.vllm.connector.background_chunks import BackgroundChunks, missed_chunks
-from ucm.integration.vllm.connector.background_plans import BackgroundPlans
 from ucm.integration.vllm.connector.dump_plan import new_dumps
 from ucm.integration.vllm.connector.metadata import (BlockDump, BlockLoad, RequestStep, UCMConnectorMetadata,
                                                     UCMWorkerReport)
@@ -56,8 +54,9 @@ logger = logging.getLogger(__name__)
 # BlendFirstScheduler) is used for this long; then it is made again: chunks stored since count.
 HELD_PLAN_SECONDS = 2.0
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
-# A worker whose store is down says so in every step's report; the scheduler's store follows it for at
-# most this long per report: up again soon after the worker's (whose back-off may be a minute or end early).
+# A worker whose store is down says so in every step's report; the scheduler's store follows it
+# for at most this long per report, so it is up again soon after the worker's is (the worker's
+# back-off can be a minute, and it may end early when a hung mount answers again).
 STORE_DOWN_HOLD_S = 5.0
 
 
@@ -91,7 +90,6 @@ class SchedulerSide:
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.view = StoreView(store, namespace, block_size, num_shards, self.stats)
         self.reads = ReadAhead(config.async_prefix_loads, config.prefetch_chunks, num_shards, self.stats)
-        self.plans = BackgroundPlans(config.async_lookups, lambda: self.view.asked_seconds, self.stats)
         self.adapters = AdapterDigests()  # LoRA adapters' content digests, for their requests' keys
         self._errors = ErrorLog(logger)
         self.params = RequestParamPolicy(self.blend)
@@ -127,10 +125,12 @@ class SchedulerSide:
 
     def take_report(self, report: UCMWorkerReport) -> None:
         """The workers' answers after a step: confirmed and failed dumps, untrustworthy requests."""
-        for reason, req_ids in (("load_failed", report.load_failed), ("forward_missing", report.not_blended),
-                                ("blend_error", report.blend_error)):
-            for req_id in req_ids:
-                self._distrust(req_id, reason)
+        for req_id in report.load_failed:
+            self._distrust(req_id, "load_failed")
+        for req_id in report.not_blended:
+            self._distrust(req_id, "forward_missing")
+        for req_id in report.blend_error:
+            self._distrust(req_id, "blend_error")
         self.view.confirm(report, report.load_failed | report.not_blended | report.blend_error)
         if report.load_failed or report.store_down_s:  # a block found stored may be gone: ask the store again
             self.view.forget_known()
@@ -147,6 +147,12 @@ class SchedulerSide:
             state.blended = False
         if state.fallback != reason:
             state.fall_back(reason, self.stats)
+
+    # ---- chunk layout -------------------------------------------------------------------
+
+    def request_params(self, request: Request) -> tuple[dict, tuple[str, ...]]:
+        """(the per-request parameters honoured, the names of those refused) of a request."""
+        return self.params.honoured(request.kv_transfer_params)
 
     # ---- vLLM connector API (scheduler role) -------------------------------------------
 
@@ -172,11 +178,12 @@ class SchedulerSide:
             state = held  # deferred at the step cap or planned ahead: no new lookups
         else:
             try:
+                inject("lookup")
                 state = self._plan(request, num_computed_tokens, resumed)
             except Exception as exc:  # a cache fault must not take the engine down: vLLM computes it
                 state = self._failed_plan(request, num_computed_tokens, exc)
             if state is None:
-                return None, False  # waits for this engine's dumps, or for its plan off the step
+                return None, False
         if (state.blending and resumed is None
                 and self.reads.holds(request.request_id, lambda: chunk_prefetch(state, self.view))):
             self._deferred[request.request_id] = (num_computed_tokens, state)  # its plan is held meanwhile
@@ -213,21 +220,13 @@ class SchedulerSide:
         if state is None:
             state = self._plan(request, 0, None)
             if state is None:
-                return 0  # waits for this engine's dumps, or for its plan off the step
+                return 0  # waits for this engine's dumps
             self._deferred[request.request_id] = (0, state)
         return max(1, state.work) if state.blending else 0
 
     def _plan(self, request: Request, num_computed_tokens: int, resumed: tuple[int, int] | None) -> RequestState | None:
-        """The request's plan; None while it waits for this engine's dumps or for its plan made off
-        the step (background_plans.py)."""
-        def plan() -> RequestState | None:
-            inject("lookup")
-            return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)),
-                                    num_computed_tokens, resumed)
-        req_id = request.request_id
-        if resumed is None and self.plans.off_step(req_id, any(s.allocated for s in self._states.values())):
-            return self.plans.later(req_id, num_computed_tokens, plan, HELD_PLAN_SECONDS)
-        return self.plans.now(plan)
+        return self.lookup.plan(request, self.keys_for(getattr(request, "lora_request", None)), num_computed_tokens,
+                                resumed)
 
     def _waits_a_step(self, state: RequestState) -> bool:
         """Whether a blend request is deferred a step: held behind a shorter job (`hold_over`), or
@@ -323,7 +322,6 @@ class SchedulerSide:
         self.lookup.forget(request.request_id)
         self._deferred.pop(request.request_id, None)
         self.reads.forget(request.request_id)
-        self.plans.forget(request.request_id)
         if state is None:
             return None
         if self.background is not None and state.plan is not None:
@@ -334,7 +332,7 @@ class SchedulerSide:
 
     def _queue_missed_chunks(self, state: RequestState) -> None:
         """Queues the chunks the request missed, to be computed alone while the engine is idle."""
-        params, _ = self.params.honoured(state.request.kv_transfer_params)
+        params, _ = self.request_params(state.request)
         for chunk in missed_chunks(state, by_lengths=CHUNK_LENGTHS_PARAM in params):
             queued = self.background.offer(chunk)
             if queued is not None:

@@ -8,16 +8,12 @@ counter `vllm:ucm_<name>_total`, which `LLM.get_metrics()` and the server's /met
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 # name -> meaning (the Prometheus help text). Counters only: every value is a sum over steps.
-# Counts are added from the scheduler's thread and the planner's (background_plans.py).
-_COUNTING = threading.Lock()
-
 COUNTERS: dict[str, str] = {
     # scheduler
     "requests": "Requests the UCM connector planned when they were first scheduled",
@@ -50,7 +46,6 @@ COUNTERS: dict[str, str] = {
     "blend_fallbacks_adapter_unreadable": "Requests whose LoRA adapter could not be read to identify it by content (its directory, adapter_config.json or weight files): computed by vLLM, nothing of theirs looked up or stored",
     "lookup_errors": "Requests whose store lookup or plan raised (computed by vLLM, nothing of theirs stored)",
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
-    "background_plans": "Plans made off the scheduler's step while lookups are slow (async_lookups)",
     "chunk_prefetches": "Blend requests held in the queue while the workers read their chunk blocks (prefetch_chunks)",
     "lookup_seconds": "Seconds the scheduler spent in store lookups",
     "lookup_known_blocks": "Blocks a lookup answered as stored without asking the store (found or confirmed stored in the last 30 s)",
@@ -100,8 +95,7 @@ class UCMConnectorStats(KVConnectorStats):
         if name not in COUNTERS:
             raise KeyError(f"unknown UCM counter {name!r}")
         if value:
-            with _COUNTING:
-                self.data[name] = self.data.get(name, 0) + value
+            self.data[name] = self.data.get(name, 0) + value
 
     def aggregate(self, other: KVConnectorStats) -> UCMConnectorStats:
         for name, value in other.data.items():
@@ -121,9 +115,8 @@ class UCMConnectorStats(KVConnectorStats):
         """This interval's counts (None when nothing happened); counting starts again from zero."""
         if self.is_empty():
             return None
-        with _COUNTING:
-            taken = UCMConnectorStats(data=self.data)
-            self.reset()
+        taken = UCMConnectorStats(data=self.data)
+        self.reset()
         return taken
 
 

@@ -14,7 +14,6 @@ are always asked.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -79,8 +78,6 @@ class StoreView:
         # (task, records, counter prefix).
         self.record_writes: list[tuple[Task, list[bytes], str]] = []
         self._known: dict[bytes, float] = {}  # block key -> when last found or confirmed stored, oldest first
-        self._known_lock = threading.Lock()  # plans may be made on a thread of their own (background_plans.py)
-        self.asked_seconds = 0.0  # time spent asking the store, so far
         self._lookup_timeouts = 0  # the store's count when last read
         self._down_refusals = 0  # the same
 
@@ -107,7 +104,7 @@ class StoreView:
             # References are records, not KV: one file whatever the number of ranks.
             hits = (self.store.lookup(asked) if kind is KeyKind.CHUNK_REF
                     else self.store.lookup_shards(asked, self.num_shards))
-            self._asked(start)
+            self.stats.add("lookup_seconds", time.perf_counter() - start)
             for i, hit in zip(ask, hits):
                 found[i] = hit
                 if hit:
@@ -126,22 +123,15 @@ class StoreView:
             coming = {r.key for r in self.refs_waiting} | {k for task, _, _ in self.record_writes for k in task.keys}
             self.awaited |= any(not hit and k in coming for hit, k in zip(found, keys))
 
-    def _asked(self, start: float) -> None:
-        seconds = time.perf_counter() - start
-        self.asked_seconds += seconds
-        self.stats.add("lookup_seconds", seconds)
-
     def _remember(self, key: bytes, now: float) -> None:
-        with self._known_lock:
-            self._known.pop(key, None)
-            self._known[key] = now
-            if len(self._known) > KNOWN_BLOCKS:
-                del self._known[next(iter(self._known))]
+        self._known.pop(key, None)
+        self._known[key] = now
+        if len(self._known) > KNOWN_BLOCKS:
+            del self._known[next(iter(self._known))]
 
     def forget_known(self) -> None:
         """A load failed or the store counts as down: every block is asked for again."""
-        with self._known_lock:
-            self._known.clear()
+        self._known.clear()
 
     def _count_store_refusals(self) -> None:
         stats = self.store.stats()
@@ -165,7 +155,7 @@ class StoreView:
         # answers stats but not reads must not hold every step for load_timeout_s).
         ok = (self.store.wait(self.store.load([keys[i] for i in found], records), self.store.metadata_timeout_s)
               if found else [])
-        self._asked(start)
+        self.stats.add("lookup_seconds", time.perf_counter() - start)
         refs: dict[int, ChunkRef] = {}
         for i, record, good in zip(found, records, ok):
             ref = decode_ref(record, blocks[i][1], self.block_size) if good else None
@@ -182,7 +172,7 @@ class StoreView:
         keys = [space.key(KeyKind.SIGHTING, f) for f in fingerprints]
         start = time.perf_counter()
         found = self.store.lookup(keys)
-        self._asked(start)
+        self.stats.add("lookup_seconds", time.perf_counter() - start)
         writing = {k for task, _, counter in self.record_writes if counter == SIGHTINGS for k in task.keys}
         return [hit or k in writing for hit, k in zip(found, keys)]
 

@@ -256,8 +256,6 @@ class UCMConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
-        if self._scheduler is not None:
-            self._scheduler.plans.close()
         self.store.close()
 
     # ---- scheduler role ------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""A worker's dumps handed to the store and not yet written: their buffers, their bytes, and
-what the store answered, for the scheduler's report.
+"""A worker's dumps: a step's blocks gathered from vLLM's paged cache and handed to the store,
+their buffers and bytes until the store has written them, and what it answered, for the
+scheduler's report.
 
 Dumps are asynchronous (the store's IO threads write them while the next steps run), so their
 gathered buffers must live until the store is done, and under cold traffic the queue must be
@@ -9,12 +10,16 @@ bounded: beyond `limit_bytes` a step's dumps are dropped (counted) rather than q
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from ucm.integration.vllm.connector.metadata import UCMWorkerReport
+from ucm.integration.vllm.connector.background_loads import bytes_view
+from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
+from ucm.integration.vllm.faults import inject
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey
 
@@ -47,6 +52,33 @@ class DumpQueue:
     def add(self, dump: PendingDump) -> None:
         self.pending.append(dump)
         self.pending_bytes += dump.nbytes
+
+    def submit(self, dumps: list[tuple[RequestStep, BlockDump]], gather: Callable[[RequestStep, BlockDump], torch.Tensor],
+               shard: Callable[[StoreKey], StoreKey], token_bytes: int, report: UCMWorkerReport,
+               stats: UCMConnectorStats) -> None:
+        """Gathers a step's trusted dumps and hands them to the store's IO threads (`shard`: this
+        rank's key of a block); refused without IO while the store counts as down, dropped when
+        the queue is full: both reported as not stored."""
+        start = time.perf_counter()
+        self.reap(report, stats, block=False)
+        keys = [d.key for _, d in dumps]
+        if self.store.down_for_s() > 0:  # refused without IO: not worth the gathers
+            stats.add("store_down_blocks", len(dumps))
+            report.not_stored.update(keys)
+            return
+        nbytes = sum(d.num_tokens for _, d in dumps) * token_bytes
+        if not self.has_room(nbytes):
+            stats.add("dumps_dropped", len(dumps))
+            report.not_stored.update(keys)
+            return
+        inject("dump")
+        buffers = [gather(req, d) for req, d in dumps]
+        task = self.store.dump([shard(k) for k in keys], [bytes_view(b) for b in buffers],
+                               [d.num_tokens for _, d in dumps])
+        self.add(PendingDump(task, keys, buffers, nbytes))
+        stats.add("dump_seconds", time.perf_counter() - start)
+        stats.add("dumped_blocks", len(dumps))
+        stats.add("dump_bytes", nbytes)
 
     def reap(self, report: UCMWorkerReport, stats: UCMConnectorStats, block: bool) -> None:
         """Moves the dumps the store has answered (all of them when `block`) into `report`."""

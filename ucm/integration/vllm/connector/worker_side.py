@@ -16,10 +16,10 @@ import torch
 from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend_models
 from ucm.integration.vllm.kv_layout import KVLayout, layer_index, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
-from ucm.integration.vllm.connector.background_loads import BackgroundLoads, bytes_view, slow_read
+from ucm.integration.vllm.connector.background_loads import BackgroundLoads, slow_read
 from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches, read_others
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
-from ucm.integration.vllm.connector.dump_queue import DumpQueue, PendingDump
+from ucm.integration.vllm.connector.dump_queue import DumpQueue
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
 from ucm.integration.vllm.connector.read_layout import num_reads, read_destinations, staged_rows, whole_rows
 from ucm.integration.vllm.connector.rank_agreement import PeerLoadFailed, RankAgreement, tensor_parallel_rank_and_size
@@ -47,6 +47,7 @@ class WorkerSide:
         self.layer_names: list[str] = []
         self.caches: list[torch.Tensor] = []
         self.layout: KVLayout | None = None
+        self.token_bytes = 0  # one token's KV over every layer, known once the caches are registered
         self.stats = UCMConnectorStats()  # this interval's counts, taken by vLLM after every step
         self.totals = UCMConnectorStats()  # since start-up, logged at shutdown
         self._failed_block_ids: set[int] = set()
@@ -330,27 +331,8 @@ class WorkerSide:
             return
         self._refuse([d for req in meta.requests if req.req_id in self._untrusted for d in req.dumps])
         dumps = [(req, d) for req in meta.requests if req.req_id not in self._untrusted for d in req.dumps]
-        if not dumps:
-            return
-        start = time.perf_counter()
-        self._reap_dumps(block=False)
-        if self.store.down_for_s() > 0:  # refused without IO: not worth the gathers
-            self.stats.add("store_down_blocks", len(dumps))
-            self._report.not_stored.update(d.key for _, d in dumps)
-            return
-        nbytes = sum(d.num_tokens for _, d in dumps) * self.token_bytes
-        if not self._pending.has_room(nbytes):
-            self.stats.add("dumps_dropped", len(dumps))
-            self._report.not_stored.update(d.key for _, d in dumps)
-            return
-        inject("dump")
-        buffers = [self._gather(req, d) for req, d in dumps]
-        task = self.store.dump([self.store_key(d.key) for _, d in dumps], [bytes_view(b) for b in buffers],
-                               [d.num_tokens for _, d in dumps])
-        self._pending.add(PendingDump(task, [d.key for _, d in dumps], buffers, nbytes))
-        self.stats.add("dump_seconds", time.perf_counter() - start)
-        self.stats.add("dumped_blocks", len(dumps))
-        self.stats.add("dump_bytes", nbytes)
+        if dumps:
+            self._pending.submit(dumps, self._gather, self.store_key, self.token_bytes, self._report, self.stats)
 
     def _refuse(self, dumps: list[BlockDump]) -> None:
         if dumps:

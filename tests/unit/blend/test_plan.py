@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ucm.sparse.blend.chunk_refs import ChunkRef
 from ucm.sparse.blend.chunking import split_by_lengths
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import blend_region_end, bounded_region_end, build_plan, region_hit_share, region_work
@@ -71,7 +72,7 @@ def test_nothing_loaded_is_an_empty_region_at_the_prefix():
 
 def test_new_chunks_cost_one_lookup_per_chunk_not_per_block():
     """The first block of each chunk is asked for in every kind; the blocks of chunks found are
-    then asked for one by one."""
+    then asked for in the kind their first block was found in."""
     hasher = BlockHasher.from_seed("sha256", BS, "test")
     tokens = list(range(1000, 1040))
     layout = split_by_lengths(40, [12, 12, 12])
@@ -85,10 +86,32 @@ def test_new_chunks_cost_one_lookup_per_chunk_not_per_block():
 
     plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lambda blocks: [None] * len(blocks))
     assert plan.chunk_hits() == [(0, 3, 0), (12, 3, 3), (24, 3, 0)]
-    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks exact and as
-    # chunk KV (a chunk may be stored partly as references, partly as copies).
-    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.EXACT, 3),
-                     (KeyKind.CHUNK, 3)]
+    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks as chunk KV.
+    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.CHUNK, 3)]
+
+
+def test_a_chunk_stored_partly_as_references_finds_its_copies_in_the_other_kinds():
+    """A chunk's head stored as references into another prompt's exact blocks, its tail as a copy
+    (past that prompt's last full block): the blocks not found as references are asked for in the
+    other kinds, exact KV first; a block stored in none stays a miss."""
+    hasher = BlockHasher.from_seed("sha256", BS, "test")
+    tokens = list(range(1000, 1016))
+    layout = split_by_lengths(16, [16])
+    h = [b.block_hash for b in build_plan(layout, tokens, hasher, 0, lambda kind, hs: [False] * len(hs)).blocks]
+    asked = []
+
+    def lookup(kind, hashes):
+        asked.append((kind, len(hashes)))
+        return [(kind is KeyKind.CHUNK_REF and x in h[:2]) or (kind is KeyKind.CHUNK and x == h[2]) for x in hashes]
+
+    def lookup_refs(blocks):
+        asked.append(("refs", len(blocks)))
+        return [ChunkRef(0, n, BS, (bh,)) if bh in h[:2] else None for bh, n in blocks]
+
+    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lookup_refs)
+    assert [b.kind for b in plan.blocks] == [KeyKind.CHUNK_REF, KeyKind.CHUNK_REF, KeyKind.CHUNK, None]
+    assert asked == [(KeyKind.EXACT, 1), (KeyKind.CHUNK, 1), (KeyKind.CHUNK_REF, 1), ("refs", 4),
+                     (KeyKind.EXACT, 2), (KeyKind.CHUNK, 2)]
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])

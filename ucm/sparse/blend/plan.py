@@ -108,57 +108,65 @@ def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHas
 def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher, prefix_tokens: int,
                lookup: LookupFn, isolation: IsolationKeys | None = None,
                lookup_refs: RefLookupFn | None = None) -> BlendPlan:
-    """Look up every chunk block that ends after the exact prefix; exact KV wins over chunk KV,
-    chunk KV over a reference into another prompt's exact blocks (`lookup_refs`).
+    """Look up every chunk block that ends after the exact prefix: as exact KV, chunk KV, or a
+    reference into another prompt's exact blocks (`lookup_refs`).
 
-    Each chunk's first block is looked up first, in every kind (references by their presence):
-    a chunk whose first block is stored in none is taken as missing whole. Chunks are stored
-    from their first block on, so this loses almost nothing, and a prompt of new passages costs
-    a lookup per chunk instead of several per block (each a round trip on NFS). The blocks of a
-    chunk found are looked up in every kind: one chunk may be stored partly as references into
-    another prompt's exact blocks and partly as copies (its blocks past that prompt's last full block).
+    Each chunk's first block is looked up first, in every kind (exact, then chunk KV, then
+    references by their presence): a chunk whose first block is stored in none is taken as
+    missing whole. Chunks are stored from their first block on, so this loses almost nothing,
+    and a prompt of new passages costs a lookup per chunk instead of several per block (each a
+    round trip on NFS). The other blocks of a chunk found are looked up in the kind its first
+    block was found in, and those not there in the other kinds (exact KV first): one chunk may
+    be stored partly as references into another prompt's exact blocks and partly as copies (its
+    blocks past that prompt's last full block), but most are stored in one kind, so most blocks
+    cost one lookup, not one per kind.
 
     ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
     """
     every = chunk_blocks(layout, token_ids, hasher, isolation)
     last = {c: h for h, c, _ in every}  # the last block of each chunk wins
     candidates = [(h, c, s) for h, c, s in every if s.end > prefix_tokens]
-    looked = _probed_chunks(candidates, lookup, lookup_refs is not None)
-    hashes = [h for h, c, _ in candidates if c in looked]
-    exact = dict(zip(hashes, lookup(KeyKind.EXACT, hashes))) if hashes else {}
-    need_chunk = [h for h in hashes if not exact[h]]
-    chunk_hits = dict(zip(need_chunk, lookup(KeyKind.CHUNK, need_chunk))) if need_chunk else {}
+    kinds = (KeyKind.EXACT, KeyKind.CHUNK) + ((KeyKind.CHUNK_REF,) if lookup_refs is not None else ())
+    first_kind = _probed_chunks(candidates, lookup, kinds)
+    found: dict[BlockHash, KeyKind] = {}
     refs: dict[BlockHash, ChunkRef] = {}
-    if lookup_refs is not None:
-        need_ref = [(h, len(s)) for h, c, s in candidates if c in looked and not exact[h] and not chunk_hits[h]]
-        if need_ref:
-            refs = {h: r for (h, _), r in zip(need_ref, lookup_refs(need_ref)) if r is not None}
-    blocks = []
-    for h, chunk_start, span in candidates:
-        kind = (KeyKind.EXACT if exact.get(h) else KeyKind.CHUNK if chunk_hits.get(h)
-                else KeyKind.CHUNK_REF if h in refs else None)
-        blocks.append(ChunkBlock(h, chunk_start, span, kind, skip=max(0, prefix_tokens - span.start),
-                                 ref=refs.get(h)))
+
+    def find(kind: KeyKind, blocks: list[tuple[BlockHash, Span]]) -> None:
+        blocks = list({h: s for h, s in blocks if h not in found}.items())
+        if not blocks:
+            return
+        if kind is KeyKind.CHUNK_REF:
+            for (h, _), ref in zip(blocks, lookup_refs([(h, len(s)) for h, s in blocks])):
+                if ref is not None:
+                    found[h], refs[h] = kind, ref
+        else:
+            for (h, _), hit in zip(blocks, lookup(kind, [h for h, _ in blocks])):
+                if hit:
+                    found[h] = kind
+
+    for kind in kinds:  # each chunk's blocks in the kind its first block was found in
+        find(kind, [(h, s) for h, c, s in candidates if first_kind.get(c) is kind])
+    for kind in kinds:  # the rest in every other kind
+        find(kind, [(h, s) for h, c, s in candidates if c in first_kind and first_kind[c] is not kind])
+    blocks = [ChunkBlock(h, chunk_start, span, found.get(h), skip=max(0, prefix_tokens - span.start), ref=refs.get(h))
+              for h, chunk_start, span in candidates]
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks),
                      tuple(last[c.start] for c in layout.chunks))
 
 
-def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn, refs: bool) -> set[int]:
-    """Starts of the chunks whose first candidate block is stored in some kind (exact, chunk KV,
-    or a reference when `refs`): the only ones whose blocks are looked up one by one."""
+def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn,
+                   kinds: Sequence[KeyKind]) -> dict[int, KeyKind]:
+    """The kind each chunk's first candidate block is stored in (the first of `kinds` that has
+    it; references by their presence), by chunk start; chunks stored in none are left out."""
     firsts: dict[int, BlockHash] = {}
     for h, c, _ in candidates:
         firsts.setdefault(c, h)
-    if not firsts:
-        return set()
-    starts, hashes = list(firsts), list(firsts.values())
-    present = lookup(KeyKind.EXACT, hashes)
-    for kind in (KeyKind.CHUNK, KeyKind.CHUNK_REF) if refs else (KeyKind.CHUNK,):
-        rest = [h for h, p in zip(hashes, present) if not p]
+    found: dict[int, KeyKind] = {}
+    for kind in kinds:
+        rest = [(c, h) for c, h in firsts.items() if c not in found]
         if rest:
-            more = iter(lookup(kind, rest))
-            present = [p or next(more) for p in present]
-    return {c for c, p in zip(starts, present) if p}
+            found.update((c, kind) for (c, _), hit in zip(rest, lookup(kind, [h for _, h in rest])) if hit)
+    return found
 
 
 def blend_region_end(plan: BlendPlan, prompt_len: int) -> int:

@@ -79,6 +79,12 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen15_musique16_35.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 16-35 (~6k tokens), the committed "
+     "rule and HKVD at 0.15 and 0.3 (questions 0-15: qwen15_musique16_shares.json, qwen15_musique16_ratio03.json), "
+     "bfloat16 (unit tests shared the cores for a few minutes: TTFTs rough; 2026-11-29, a sixteenth session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 20 --skip-questions 16 --max-tokens 16 "
+     "--kl-tokens 1 --sweep --ratios 0.15,0.3 --selections query,hkvd --no-plot "
+     "--out benchmarks/results/qwen15_musique16_35.json"),
     ("qwen15_musique16_ratio03.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-15 at ratio 0.3, the "
      "committed rule (the same questions at 0.15: qwen15_musique16_shares.json), bfloat16 (the test suite shared the "
      "cores for most of the run: TTFTs rough; 2026-11-28, a fourteenth session)",
@@ -853,6 +859,8 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 16-35, the committed rule and HKVD",
+     "qwen15_musique16_35.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15 at ratio 0.3", "qwen15_musique16_ratio03.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15, the committed rule and the oracle",
      "qwen15_musique16_shares.json"),

@@ -3,8 +3,9 @@
 The plan is engine-agnostic: it takes the chunk layout, the block hasher and a lookup function
 and says which stored blocks to load where. Tokens before `prefix_tokens` are exact prefix hits
 (vLLM's own cache or the store); every chunk block after that is looked up under its chunk hash
-(exact KV preferred, then chunk KV), block by block, so a missing block in the middle of a chunk
-costs only that block; a chunk whose first block is missing is not looked up further.
+(in the kind its chunk's first block was found in, then the others), block by block, so a missing
+block in the middle of a chunk costs only that block; a chunk whose first block is missing is not
+looked up further.
 """
 
 from __future__ import annotations

@@ -612,6 +612,12 @@ TRAFFIC_RUNS = [
      "(2026-11-28, a tenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 "
      "--out benchmarks/results/rag_traffic_zipf48_c2_bf16.json", None),
+    ("rag_traffic_fresh36_bf16_s16.json", "RAG stream with no reuse again with the current code (plans asking a found "
+     "chunk's blocks in one kind, dumps handed over by the dump queue), 36 requests, admission \"adaptive\", one "
+     "untimed warm-up request per server, bfloat16, plain vLLM then Blend back to back, nothing else running "
+     "(2026-11-29, a sixteenth session; the run before: rag_traffic_fresh36_bf16.json)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --fresh --logprobs 20 "
+     "--warmup 1 --out benchmarks/results/rag_traffic_fresh36_bf16_s16.json", None),
     ("rag_traffic_fresh36_bf16.json", "RAG stream with no reuse, 36 requests, admission \"adaptive\", each server "
      "warmed up with one untimed request, bfloat16 on an AVX-512-BF16 host, plain vLLM then Blend back to back, "
      "nothing else running (2026-11-28, a tenth session)",
@@ -833,7 +839,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
+                    ("rag_traffic_fresh36_bf16_s16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
@@ -884,7 +890,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
-    ("RAG stream without reuse", "rag_traffic_fresh36_bf16.json"),
+    ("RAG stream without reuse", "rag_traffic_fresh36_bf16_s16.json"),
     ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_deadline2_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
      "rag_traffic_zipf110_hang300_bf16.json"),

@@ -537,6 +537,14 @@ TRAFFIC_RUNS = [
     ("rag_traffic_24_before_split.json", "Issue 55's check, before the split: the same stream from a11829a",
      "python benchmarks/rag_traffic.py --num-requests 24 --concurrency 2 --servers blend --warmup 1 --alone 0 "
      "--out benchmarks/results/rag_traffic_24_before_split.json (from a worktree at a11829a)", None),
+    ("rag_traffic_zipf110_hang300_s16_bf16.json", "The mount that hangs for 5 minutes under the stream with the "
+     "current code: lookups that ask a chunk's first block first, blocks known stored answered from memory (forgotten "
+     "when the store counts as down), a found chunk's blocks asked in one kind (code 32eb03a; Blend alone, nothing else "
+     "running; plain vLLM's rows from its run in rag_traffic_zipf110_hang300_bf16.json, same stream; 2026-11-29, a "
+     "sixteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'hang=open+read+write@60/300' "
+     "--out benchmarks/results/rag_traffic_zipf110_hang300_s16_bf16.json", None),
     ("rag_traffic_zipf110_hang300_deadline2_bf16.json", "The mount that hangs for 5 minutes under the stream again, "
      "after a load's deadline became its bytes at load_min_mb_s plus 2 s and the store probes the mount as soon as the "
      "IO that held it returns (code 76bab67; Blend alone, nothing else running; plain vLLM's rows from its run in "
@@ -891,7 +899,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_bf16_s16.json"),
-    ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_deadline2_bf16.json"),
+    ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_s16_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
      "rag_traffic_zipf110_hang300_bf16.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount",

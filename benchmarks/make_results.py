@@ -552,6 +552,12 @@ TRAFFIC_RUNS = [
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
      "--servers blend --mount 'hang=open+read+write@60/300' "
      "--out benchmarks/results/rag_traffic_zipf110_hang300_deadline2_bf16.json", None),
+    ("rag_traffic_zipf48_latency5_kindfirst_bf16.json", "The +5 ms stream with a found chunk's other blocks looked up "
+     "in the kind its first block was found in, the rest in the other kinds (code 32eb03a, Blend alone, nothing else "
+     "running; 2026-11-29, a sixteenth session; the plain directory: rag_traffic_zipf48_dir_kinds_bf16.json)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_kindfirst_bf16.json",
+     None),
     ('rag_traffic_zipf48_latency5_kinds_bf16.json', "The +5 ms stream with the committed lookups: a chunk's first block first, its other blocks only in the kind it was found in, 8 exact prompt blocks before the rest, blocks known stored answered from memory for 30 s, the root checked once a second (code 85a4044, prefetch_chunks off; 2026-11-29, a fifteenth session). The plain directory right after: rag_traffic_zipf48_dir_kinds_bf16.json",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_kinds_bf16.json", None),
     ('rag_traffic_zipf48_dir_kinds_bf16.json', 'The same stream on the plain directory, the same code (the run right after the +5 ms one shared the cores with unit tests and was not kept: this one followed the DRAM-tier run)',
@@ -903,7 +909,7 @@ LATEST = [
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
      "rag_traffic_zipf110_hang300_bf16.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount",
-     "rag_traffic_zipf48_latency5_kinds_bf16.json"),
+     "rag_traffic_zipf48_latency5_kindfirst_bf16.json"),
     ("The same stream on the plain directory", "rag_traffic_zipf48_dir_kinds_bf16.json"),
     ("The +5 ms stream with a 2 GiB DRAM tier", "rag_traffic_zipf48_latency5_dram2_kinds_bf16.json"),
     ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),

@@ -51,9 +51,11 @@ def mounted_worker(tmp_path, n: int, latency_ms: int):
         w = worker(mount.mountpoint)
         keys = stored(w, n)
         mount.set(latency_ms=latency_ms)
-        yield w, keys
-        mount.set()
-        w.store.close()
+        try:
+            yield w, keys
+        finally:  # also when the test fails: the mount answers again before the store's threads stop
+            mount.set()
+            w.store.close()
 
 
 def prefix_step(keys, chunk_keys=()) -> UCMConnectorMetadata:

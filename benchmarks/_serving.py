@@ -54,8 +54,10 @@ def start_server(model: str, port: int, extra: list[str], log, ktc: dict | None,
     kv = ["--kv-transfer-config", json.dumps(ktc)] if ktc is not None else []
     if ktc is None:
         env["UCM_BLEND_NO_MODELS"] = "1"
+    # vLLM's compiled forward, as a server gets by default (runs before 2026-11-29 passed --enforce-eager to
+    # both servers: `--serve-args=--enforce-eager` repeats them)
     cmd = [sys.executable, "-m", "ucm.integration.vllm.cli", "serve", model, "--host", "127.0.0.1", "--port",
-           str(port), "--dtype", dtype, "--enforce-eager", *kv, *extra]
+           str(port), "--dtype", dtype, *kv, *extra]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 

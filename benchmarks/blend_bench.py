@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'bandwidth_mb_s=200' (reads and writes capped, as on a loaded NFS link), 'latency_ms=5'; "
                         "';' joins them; needs FUSE (root)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up question")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's eager mode (runs before 2026-11-29 used it): full prefill then runs the layers as "
+                        "Blend does, so ratio 1 equals it exactly; default: vLLM's compiled forward, as users get")
     p.add_argument("-v", "--verbose", action="store_true", help="print every answer")
     args = p.parse_args(argv)
     check_run_args(p, args)
@@ -164,6 +167,8 @@ def _measure(args, examples, modes: list[Mode], store) -> int:
           f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
     started = time.time()
     engine = {"max_logprobs": -1} if args.kl_tokens else {}  # KL needs the whole next-token distribution
+    if args.enforce_eager:
+        engine["enforce_eager"] = True
 
     def partial(results) -> None:  # the JSON so far, after every question: a crash keeps what was measured
         if args.out:

@@ -621,11 +621,21 @@ TRAFFIC_RUNS = [
      "thirteenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
      "--mount 'hang=open+read+write@60/300' --out benchmarks/results/rag_traffic_zipf110_hang300_bf16.json", None),
+    ("rag_traffic_zipf48_c2_compiled_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, "
+     "bfloat16, both servers with vLLM's compiled forward (its default; the run below was eager), the README's config "
+     "at ratio 0.15, plain vLLM then Blend back to back, nothing else running (2026-11-29, a seventeenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 "
+     "--out benchmarks/results/rag_traffic_zipf48_c2_compiled_bf16.json", None),
     ("rag_traffic_zipf48_c2_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, bfloat16 on an "
      "AVX-512-BF16 host, the README's config at ratio 0.15, plain vLLM then Blend back to back, nothing else running "
      "(2026-11-28, a tenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 "
      "--out benchmarks/results/rag_traffic_zipf48_c2_bf16.json", None),
+    ("rag_traffic_fresh36_compiled_bf16.json", "RAG stream with no reuse, both servers with vLLM's compiled forward "
+     "(its default; the runs before were eager), 36 requests, admission \"adaptive\", one untimed warm-up request per "
+     "server, bfloat16, plain vLLM then Blend back to back, nothing else running (2026-11-29, a seventeenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --fresh --logprobs 20 "
+     "--warmup 1 --out benchmarks/results/rag_traffic_fresh36_compiled_bf16.json", None),
     ("rag_traffic_fresh36_bf16_s16.json", "RAG stream with no reuse again with the current code (plans asking a found "
      "chunk's blocks in one kind, dumps handed over by the dump queue), 36 requests, admission \"adaptive\", one "
      "untimed warm-up request per server, bfloat16, plain vLLM then Blend back to back, nothing else running "
@@ -853,7 +863,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_bf16_s16.json", "a RAG stream of new passages only (no reuse, KV stored "
+                    ("rag_traffic_fresh36_compiled_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
@@ -900,11 +910,12 @@ LATEST = [
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
     ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16_vn.json"),
-    ("RAG stream with reuse (Zipf), concurrency 2, bfloat16", "rag_traffic_zipf48_c2_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, eager", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
-    ("RAG stream without reuse", "rag_traffic_fresh36_bf16_s16.json"),
+    ("RAG stream without reuse", "rag_traffic_fresh36_compiled_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_s16_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
      "rag_traffic_zipf110_hang300_bf16.json"),

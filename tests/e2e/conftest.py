@@ -15,6 +15,10 @@ from ucm.integration.vllm.llm import shutdown, ucm_transfer_config
 # blend_helpers.py sits next to the tests; importlib import mode does not put this folder on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))
 
+# The tests' engines skip vLLM's compilation (about 40 s more per start on 2 cores); the README's
+# server (test_serving.py) and the main job run compiled, as users' engines do.
+EAGER = {"enforce_eager": True}
+
 
 # Modules that start engines of their own beyond the session's shared ones (several each, or a
 # tensor-parallel pair, or whole jobs in subprocesses): marked heavy, which `make test` leaves out to
@@ -50,13 +54,14 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture
 def engine_factory():
-    """Builds LLMs with the project's defaults and stops their processes after the test."""
+    """Builds LLMs with the project's defaults, eager unless asked (`EAGER`), and stops their
+    processes after the test."""
     from ucm.integration.vllm.llm import make_llm
 
     engines = []
 
     def make(model, **overrides):
-        llm = make_llm(str(model), **overrides)
+        llm = make_llm(str(model), **{**EAGER, **overrides})
         engines.append(llm)
         return llm
 
@@ -69,7 +74,7 @@ def engine_factory():
 def plain_llm(model_dir):
     from ucm.integration.vllm.llm import make_llm
 
-    llm = make_llm(str(model_dir))
+    llm = make_llm(str(model_dir), **EAGER)
     yield llm
     shutdown(llm)
 
@@ -100,7 +105,7 @@ def blend_llm(model_dir, store_dir, faults_file):
         mp.setenv(FAULTS_ENV, str(faults_file))
         llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(store_dir, blend_ratio=0.15,
                                                                               blend_options=STORE_ALL),
-                       disable_log_stats=False)
+                       disable_log_stats=False, **EAGER)
     yield llm
     shutdown(llm)
 
@@ -114,6 +119,7 @@ def audit_reference(model_dir, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(tmp_path_factory.mktemp("audit-scratch")))
+        llm = make_llm(str(model_dir), kv_transfer_config=ucm_transfer_config(tmp_path_factory.mktemp("audit-scratch")),
+                       **EAGER)
     yield llm
     shutdown(llm)

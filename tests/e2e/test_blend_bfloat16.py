@@ -37,7 +37,8 @@ def blend_bf16(model_dir, tmp_path_factory, monkeypatch_module):
 
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # read by the engine processes at start
     store = tmp_path_factory.mktemp("ucm-store-bf16")
-    llm = make_llm(str(model_dir), dtype="bfloat16", kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15))
+    llm = make_llm(str(model_dir), dtype="bfloat16", kv_transfer_config=ucm_transfer_config(store, blend_ratio=0.15),
+                   enforce_eager=True)
     yield llm
     shutdown(llm)
 

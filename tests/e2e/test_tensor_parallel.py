@@ -182,7 +182,8 @@ def engine_main(spec: dict) -> None:
     from ucm.integration.vllm.connector.stats import ucm_counters
     from ucm.integration.vllm.llm import make_llm, shutdown, ucm_transfer_config
 
-    kwargs: dict = {"tensor_parallel_size": spec["tp"], "max_model_len": 4096, "disable_log_stats": False}
+    kwargs: dict = {"tensor_parallel_size": spec["tp"], "max_model_len": 4096, "disable_log_stats": False,
+                    "enforce_eager": True}
     if spec.get("store"):
         kv = ucm_transfer_config(spec["store"], blend_ratio=0.15 if spec["blend"] else None,
                                  chunk_end_token_id=MARKER, blend_options=STORE_ALL)

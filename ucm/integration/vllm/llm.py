@@ -2,9 +2,13 @@
 
 On CPU: float32 unless overridden (about 3x faster than bfloat16 on CPUs without native
 bfloat16; with AVX512-BF16 or AMX, bfloat16 is 1.4-3x faster: pass dtype="bfloat16"), a KV cache size in GiB from
-VLLM_CPU_KVCACHE_SPACE (vLLM refuses to start without it on small machines), and eager mode,
-because Blend's token selection is data dependent and cannot live inside a captured graph. With
-Blend on and no scheduler class given, BlendFirstScheduler (it admits blend requests first).
+VLLM_CPU_KVCACHE_SPACE (vLLM refuses to start without it on small machines), and vLLM's own
+compilation: steps without a Blend region run vLLM's compiled forward, a Blend step runs its layers
+eagerly (models.py), so the server computes what Blend cannot help with as fast as plain vLLM
+does. Elsewhere eager mode: a captured CUDA graph would replay without Blend's data-dependent
+selection (not measured here). `enforce_eager=True` starts faster (no compilation), for
+short-lived engines. With Blend on and no scheduler class given, BlendFirstScheduler (it admits
+blend requests first).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ def is_cpu_platform() -> bool:
 def engine_kwargs(model: str, **overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": model,
-        "enforce_eager": True,
         "max_model_len": 8192,
         "seed": 0,
     }
     if is_cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         kwargs.update(dtype="float32", gpu_memory_utilization=0.5)
+    else:
+        kwargs.update(enforce_eager=True)
     kwargs.update(overrides)
     from ucm.integration.vllm.connector.blend_first_scheduler import default_scheduler_cls
 

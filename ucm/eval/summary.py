@@ -246,7 +246,7 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "miss_passages": getattr(args, "miss_passages", 0),
             "min_question_tokens": getattr(args, "min_question_tokens", 0),
             "check_layer": getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
-            "enforce_eager": getattr(args, "enforce_eager", True),  # runs before 2026-11-29 were eager
+            "enforce_eager": getattr(args, "enforce_eager", False),  # runs before 2026-11-29 (no key) were eager
             "later_checks": [list(c) for c in getattr(args, "later_checks", ())],
             "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set

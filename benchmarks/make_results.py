@@ -79,6 +79,12 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
 QUALITY_RUNS = [
+    ("qwen15_musique36_55.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 36-55 (~6k tokens), the committed "
+     "rule at 0.15 and 0.3, eager as the runs before, bfloat16 (other runs and tests shared the cores: TTFTs rough; "
+     "2026-11-29, a seventeenth session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 20 --skip-questions 36 --max-tokens 16 "
+     "--kl-tokens 1 --sweep --ratios 0.15,0.3 --selections query --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen15_musique36_55.json"),
     ("qwen15_musique16_35.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 16-35 (~6k tokens), the committed "
      "rule and HKVD at 0.15 and 0.3 (questions 0-15: qwen15_musique16_shares.json, qwen15_musique16_ratio03.json), "
      "bfloat16 (unit tests shared the cores for a few minutes: TTFTs rough; 2026-11-29, a sixteenth session)",
@@ -408,6 +414,11 @@ EVAL_RUNS += [
 
 
 # Runs of one set that differ only in the check layer: (title, command with {layer}, [result files]).
+# A run whose questions are pooled with earlier runs on the same set: (the earlier runs, the modes pooled)
+POOL_WITH = {
+    "qwen15_musique36_55.json": (["qwen15_musique16_shares.json", "qwen15_musique16_ratio03.json",
+                                  "qwen15_musique16_35.json"], ["blend 0.15", "blend 0.3"]),
+}
 CHECK_LAYER_STUDIES = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct: the 20 generated questions of every earlier 1.5B run (10 "
      "passages x 80 words), bfloat16 on an AVX-512-BF16 host, the query rule at ratios 0.15 and 0.3, one run per "
@@ -631,6 +642,11 @@ TRAFFIC_RUNS = [
      "(2026-11-28, a tenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 "
      "--out benchmarks/results/rag_traffic_zipf48_c2_bf16.json", None),
+    ("rag_traffic_fresh36_compiled_seed1_bf16.json", "RAG stream with no reuse, another stream (seed 1), both servers "
+     "compiled, 36 requests, one untimed warm-up request per server, bfloat16, plain vLLM then Blend back to back, "
+     "nothing else running (2026-11-29, a seventeenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --fresh --logprobs 20 "
+     "--warmup 1 --seed 1 --out benchmarks/results/rag_traffic_fresh36_compiled_seed1_bf16.json", None),
     ("rag_traffic_fresh36_compiled_bf16.json", "RAG stream with no reuse, both servers with vLLM's compiled forward "
      "(its default; the runs before were eager), 36 requests, admission \"adaptive\", one untimed warm-up request per "
      "server, bfloat16, plain vLLM then Blend back to back, nothing else running (2026-11-29, a seventeenth session)",
@@ -889,6 +905,8 @@ LATEST = [
     ("The check layer on Qwen2.5-Coder-1.5B-Instruct", "qwen15_layer1_gen20.json"),
     ("What a ranking could reach at 0.15 on Qwen2.5-Coder-1.5B-Instruct (oracle)", "qwen15_oracle_q15_18.json"),
     ("Quality on Qwen2.5-Coder-0.5B-Instruct, MuSiQue", "qwen05_musique12.json"),
+    ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 36-55, and every question so far pooled",
+     "qwen15_musique36_55.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 16-35, the committed rule and HKVD",
      "qwen15_musique16_35.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-15 at ratio 0.3", "qwen15_musique16_ratio03.json"),
@@ -1373,6 +1391,38 @@ def paired_table(base: dict, new: dict, pairs) -> str:
     return "\n".join(lines)
 
 
+def pooled_table(runs: list[dict], modes: list[str]) -> str:
+    """Every question of several runs on one set, pooled (a question in two runs counts once, as its
+    first run measured it): per mode, gold F1 against full prefill's with the 95% bootstrap interval of
+    the per-question difference, the answers that are full prefill's, the next-token KL."""
+    full: dict = {}
+    by_mode: dict = {mode: {} for mode in modes}
+    for data in runs:
+        skip = data["config"].get("skip_questions") or 0  # "question" counts from the run's first
+        for q, m in _by_question(data, "full prefill").items():
+            full.setdefault(skip + q, m)
+        for mode in modes:
+            for q, m in _by_question(data, mode).items():
+                by_mode[mode].setdefault(skip + q, m)
+    lines = ["| mode | questions | gold F1: full prefill | gold F1 | share of full prefill's | difference (95% CI) "
+             "| same answer as full prefill | next-token KL (95% CI) |", "|---|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        qs = [q for q in by_mode[mode] if q in full]
+        if not qs:
+            continue
+        f = [full[q]["f1_gold"] or 0.0 for q in qs]
+        b = [by_mode[mode][q]["f1_gold"] or 0.0 for q in qs]
+        lo, hi = bootstrap_ci([y - x for x, y in zip(f, b)]) or (float("nan"), float("nan"))
+        kl = [by_mode[mode][q]["kl_vs_full"] for q in qs if by_mode[mode][q].get("kl_vs_full") is not None]
+        kl_ci = bootstrap_ci(kl)
+        kl_text = (f"{statistics.mean(kl):.3f}" + (f" ({kl_ci[0]:.3f} .. {kl_ci[1]:.3f})" if kl_ci else "")) if kl else "-"
+        share = f"{sum(b) / sum(f):.0%}" if sum(f) else "-"
+        same = sum(bool(by_mode[mode][q].get("agrees_with_full")) for q in qs)
+        lines.append(f"| {mode} | {len(qs)} | {statistics.mean(f):.3f} | {statistics.mean(b):.3f} | {share} | "
+                     f"{statistics.mean(b) - statistics.mean(f):+.3f} ({lo:+.3f} .. {hi:+.3f}) | {same} / {len(qs)} | {kl_text} |")
+    return "\n".join(lines)
+
+
 def storm_table(data: dict) -> list[str]:
     """A fault_storm.py run: per round, the faults injected and whether every answer was plain vLLM's."""
     audit = data.get("audit", {})
@@ -1443,11 +1493,23 @@ def _section(title: str, header: str, name: str, render) -> tuple[str, list[str]
     return name, [f"## {title}", "", header, "", *body, ""]
 
 
+def pooled_lines(name: str) -> list[str]:
+    """A run's questions pooled with the earlier runs on the same set (POOL_WITH), if any."""
+    if name not in POOL_WITH:
+        return []
+    earlier, modes = POOL_WITH[name]
+    present = [n for n in earlier if (RESULTS / n).is_file()]
+    runs = [json.loads((RESULTS / n).read_text()) for n in [name, *present]]
+    return ["", f"Pooled with {', '.join(f'`{n}`' for n in present)} (the same set, other questions):", "",
+            pooled_table(runs, modes)]
+
+
 def sections() -> list[tuple[str, list[str]]]:
     """Every run's section, in the history's order (each kind newest first)."""
     out = []
     for name, title, command in QUALITY_RUNS:
-        out.append(_section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data)]))
+        out.append(_section(title, f"`{command}`", name, lambda data: [eval_context(data) + ".", "", eval_table(data),
+                                                                         *pooled_lines(name)]))
     name, command = SERVE_RUN
     out.append(_section("Serving under load", f"`{command}` -> `benchmarks/results/{name}`", name, lambda data: [
         f"{data['questions']} {data['dataset']} questions, ~{data['mean_prompt_tokens']:.0f}-token prompts, "

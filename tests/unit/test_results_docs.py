@@ -75,3 +75,21 @@ def test_kl_lines_compare_blend_with_a_plain_run_of_any_load_that_recorded_logpr
     assert "Blend at c=4 against plain at c=2" in line and f"mean {kl / 2:.4f} over 2 requests" in line
     assert f"blended requests' mean {kl:.4f} (1)" in line
     assert mr.kl_lines({"runs": [blend, {**plain, "records": [{"i": 0}]}]}) == []
+
+
+def _run(skip: int, answers: list[tuple[float, float, bool]]) -> dict:
+    """A blend_bench JSON of questions skip.. with (full prefill's gold F1, blend's, the same answer)."""
+    return {"config": {"skip_questions": skip}, "questions": [
+        {"question": i, "measurements": [{"mode": "full prefill", "f1_gold": full},
+                                         {"mode": "blend 0.15", "f1_gold": blend, "agrees_with_full": same,
+                                          "kl_vs_full": 0.1}]}
+        for i, (full, blend, same) in enumerate(answers)]}
+
+
+def test_pooled_runs_count_each_question_of_the_set_once():
+    mr = make_results()
+    first = _run(0, [(1.0, 1.0, True), (1.0, 0.0, False)])
+    later = _run(2, [(0.5, 0.5, True), (0.5, 0.5, True)])
+    again = _run(1, [(1.0, 1.0, True)])  # question 1 measured again: the first run's measurement counts
+    row = mr.pooled_table([first, later, again], ["blend 0.15"]).splitlines()[-1].split(" | ")
+    assert row[1:7] == ["4", "0.750", "0.500", "67%", "-0.250 (-0.750 .. +0.000)", "3 / 4"]

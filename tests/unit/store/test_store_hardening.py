@@ -268,7 +268,8 @@ def test_a_dump_while_lookups_do_not_answer_is_refused_at_once(make_store):
     t0 = time.monotonic()
     task = store.dump([key], [block_for(key, 1000)], [1])
     assert store.wait(task) == [False]
-    assert time.monotonic() - t0 < 0.1
+    assert task.refused  # answered without IO; the time is a loose backstop (CI shares its 2 cores)
+    assert time.monotonic() - t0 < 0.5
     assert not os.path.exists(store.block_path(key))
     assert store.stats().dump_errors == 1 and store.stats().down_refusals == 1
     patient = make_store()  # the same directory, default lookup timeout

@@ -635,8 +635,6 @@ def main(argv=None) -> int:
     results = {"dataset": dataset, "config": {k: v for k, v in vars(args).items() if k != "model"},
                "mean_prompt_tokens": sum(len(ids) for ids, _ in prompts) / len(prompts), "ratio": args.ratio,
                "dtype": args.dtype, "model": Path(model).name,
-               # both servers compiled (vLLM's default) unless asked; runs before 2026-11-29 were eager
-               "enforce_eager": "--enforce-eager" in args.serve_args.split(),
                "unique_passages": len(index), "runs": [], "speedup": {}, "host": host_record()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -498,7 +498,7 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
-HEADLINE_SERVE = "serve_bench_c4_bf16_vn.json"  # the README's replay rows: the latest replay, with plain vLLM
+HEADLINE_SERVE = "serve_bench_c4_compiled_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
@@ -511,6 +511,11 @@ SERVE_RERUNS = [
     ("serve_bench_c4_before_split.json", "Issue 55's check, before the split: the same replay from a11829a",
      "python benchmarks/serve_bench.py --concurrency 4 --no-plain --no-plot --out "
      "benchmarks/results/serve_bench_c4_before_split.json (from a worktree at a11829a)"),
+    ("serve_bench_c4_compiled_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server with vLLM's "
+     "compiled forward (its default; the runs below were eager), on an AMD EPYC host with AVX-512-BF16 about twice as "
+     "slow as the one of the runs below, nothing else running (2026-11-29, an eighteenth session)",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_compiled_bf16.json"),
     ("serve_bench_c4_bf16_vn.json", "Serving under load in bfloat16 against plain vLLM after the query rule's V norms "
      "over the second half of the layers and async_prefix_loads \"auto\" (2026-11-28, a twelfth session, the same "
      "host, nothing else running)",
@@ -878,7 +883,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_short_regions.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_compiled_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_compiled_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
@@ -927,7 +932,8 @@ LATEST = [
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
-    ("Serving replay: passages indexed, then asked in another order", "serve_bench_c4_bf16_vn.json"),
+    ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
+    ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, eager", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),

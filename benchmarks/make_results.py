@@ -180,6 +180,15 @@ QUALITY_RUNS = [
      f"{_Q} --generated --num-questions 16 --passages 10 --passage-words 120 --sweep --ratios 0.15 "
      "--selections query,query_vn,query_vnl3,query_vnl,query_vnl23 --kl-tokens 1 --no-plot "
      "--out benchmarks/results/smollm2_probe_variants_quality16.json (with the patch)"),
+    ("qwen15_successors_gen20_59.json", "An experiment not kept: each loaded token's query score raised to half its "
+     "predecessor's and a quarter of the one before (max, not mean: the top tokens stay; a patch to "
+     "blend_forward._score_loaded_rows, UCM_EXP_SUCC=0.5,2), Qwen2.5-Coder-1.5B-Instruct on the 40 held-out generated "
+     "questions of qwen15_query_shares_gen20_59.json, eager, on an AMD EPYC host about twice as slow (TTFTs not "
+     "comparable with that run's; 2026-11-29, an eighteenth session)",
+     f"UCM_EXP_SUCC=0.5,2 {_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --generated --passages 10 --passage-words 80 "
+     "--max-tokens 4 --kl-tokens 1 --skip-questions 20 --num-questions 40 --sweep --ratios 0.15 --selections query "
+     "--enforce-eager --no-plot --out benchmarks/results/qwen15_successors_gen20_59.json (with the patch described in "
+     "research.md)"),
     ("qwen15_span4_gen20_59.json", "An experiment not kept: the query rule's attention mass averaged over a 9-token "
      "window before the top-k (a patch to blend_forward._scores, UCM_EXP_SPAN=4), Qwen2.5-Coder-1.5B-Instruct on the "
      "40 held-out generated questions of qwen15_rules_gen20_59.json",

@@ -646,6 +646,12 @@ TRAFFIC_RUNS = [
      "thirteenth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 110 --concurrency 2 --warmup 1 --alone 0 "
      "--mount 'hang=open+read+write@60/300' --out benchmarks/results/rag_traffic_zipf110_hang300_bf16.json", None),
+    ("rag_traffic_zipf48_c4_compiled_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 4, "
+     "bfloat16, both servers compiled, the README's config at ratio 0.15, plain vLLM then Blend back to back, nothing "
+     "else running, on an AMD EPYC host with AVX-512-BF16 about twice as slow as the one of the run below "
+     "(2026-11-29, an eighteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --no-plot "
+     "--out benchmarks/results/rag_traffic_zipf48_c4_compiled_bf16.json", None),
     ("rag_traffic_zipf48_c2_compiled_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, "
      "bfloat16, both servers with vLLM's compiled forward (its default; the run below was eager), the README's config "
      "at ratio 0.15, plain vLLM then Blend back to back, nothing else running (2026-11-29, a seventeenth session)",
@@ -944,6 +950,7 @@ LATEST = [
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, compiled", "rag_traffic_zipf48_c4_compiled_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, eager", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),

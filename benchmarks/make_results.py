@@ -966,6 +966,7 @@ LATEST = [
     ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
+    ("Where a Blend step's time goes (profile)", "profile_blend_step_bf16.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
     ("Where Blend pays: one request, k of 10 passages cached (Qwen2.5-Coder-0.5B-Instruct)", "qwen05_hit_threshold.json"),
     ("A storm of faults through ucm-vllm serve", "fault_storm.json"),
@@ -975,6 +976,12 @@ PROFILE_RUNS = [
     ("profile_fresh_blend.json", "Where a Blend server's engine core and worker spend their time on a stream without reuse",
      "python benchmarks/profile_stream.py --out benchmarks/results/profile_fresh_blend.json -- --fresh --servers blend "
      "--num-requests 10 --warmup 1 --concurrency 2"),
+    ("profile_blend_step_bf16.json", "Where a Blend step's time goes: SmolLM2, 4 fully cached MuSiQue questions "
+     "(~6.1k tokens), ratio 0.15, bfloat16, eager, on an AMD EPYC host with AVX-512-BF16 (2026-11-29, an eighteenth "
+     "session; py-spy at 50 Hz made the run about 1.5x slower)",
+     "python benchmarks/profile_stream.py --rate 50 --script blend_bench.py --out "
+     "benchmarks/results/profile_blend_step_bf16.json -- --dtype bfloat16 --num-questions 4 --sweep --ratios 0.15 "
+     "--selections query --max-tokens 1 --enforce-eager"),
 ]
 STORM_RUN = ("fault_storm.json", "python benchmarks/fault_storm.py --generated --num-questions 16 --faults 100 "
              "--max-rounds 8 --shares lookup~0.1,load~0.2,rotate~0.2,select~0.2,forward~0.2,attention~0.006,dump~0.1 "
@@ -1475,6 +1482,12 @@ def profile_table(data: dict) -> list[str]:
         for part, n in proc["parts"].items():
             busy_share = "" if part.startswith("idle") else f"{100 * n / busy:.1f}%"
             lines.append(f"| {part} | {100 * n / max(total, 1):.1f}% | {busy_share} |")
+        phases = proc.get("blend_step_phases") or {}
+        steps = sum(phases.values())
+        if steps:
+            lines += ["", f"Inside Blend steps ({steps} samples, {100 * steps / busy:.1f}% of busy):", "",
+                      "| phase of a Blend step | share of its samples |", "|---|---|"]
+            lines += [f"| {phase} | {100 * n / steps:.1f}% |" for phase, n in phases.items()]
         entries = list(proc["connector_entry_points"].items())[:8]
         if entries:
             lines += ["", "| connector entry point | share of busy samples |", "|---|---|"]

@@ -10,7 +10,13 @@ side: loads, dumps; the store), the Blend forward, vLLM's model forward, vLLM's 
 idle, by the innermost frame that names one of them. Printed as a table and written as JSON with
 the 40 heaviest connector functions. On CPU vLLM runs the model in a Worker process beside the
 EngineCore (scheduler): each is summarized on its own. `--samples RAW` summarizes an earlier
-run's raw file again.
+run's raw file again. The worker's samples inside a Blend step are also split by phase (the probe,
+attention in the native kernel and in vLLM's, the KV shift, the layers' other work).
+`--script blend_bench.py` profiles the offline benchmark instead (its engine has the same two
+processes):
+
+    python benchmarks/profile_stream.py --script blend_bench.py -- --dtype bfloat16 --num-questions 4 \\
+        --sweep --ratios 0.15 --selections query --max-tokens 1 --enforce-eager
 """
 
 from __future__ import annotations
@@ -52,6 +58,37 @@ PARTS = [
 IDLE = ("Condition.wait (threading.py", "select (selectors.py", "Poller.poll (zmq", "_serve (ucm/store/deadline.py",
         "main (multiprocessing/resource_tracker.py", "Connection._recv (multiprocessing", "sched_yield (vllm/",
         "_worker (concurrent/futures/thread.py", "Runner.run (asyncio", "sleep", "Event.wait (threading.py")
+
+
+# A Blend step's phases: (phase, substring of a frame), the first found anywhere in the sample wins.
+# The probe's own attention counts as the probe; the layers' attention is split by kernel.
+BLEND_STEP = "blend_forward (ucm/integration/vllm/blend/blend_forward.py"
+BLEND_PHASES = [
+    ("probe and ranking", "_score_loaded_rows ("),
+    ("KV shift", "ucm/sparse/blend/kv_shift.py"),
+    ("KV shift", "KVShiftPlan."),
+    ("attention: native kernel (scattered rows)", "paged_causal_attention ("),
+    ("attention: torch tiles (scattered rows)", "tiled_causal_attention ("),
+    ("attention: vLLM's kernel (runs of rows)", "SubsetAttentionImpl.forward ("),
+    ("layers: projections, norms, MLP", "run_subset ("),
+    ("layers: projections, norms, MLP", "run_layers ("),
+]
+
+
+def blend_step_phase(frames: list[str]) -> str | None:
+    """The phase of a Blend step a busy sample is in, or None outside a Blend step."""
+    stack = ";".join(_path_frame(f) for f in frames)
+    if BLEND_STEP.split(" (")[0] + " (" not in stack:
+        return None
+    for phase, marker in BLEND_PHASES:
+        if marker in stack:
+            return phase
+    return "other (batch, selection, metadata)"
+
+
+def _path_frame(frame: str) -> str:
+    """A frame with its file relative to site-packages or the repository."""
+    return f"{frame.split(' (')[0]} ({_path(frame)}" if " (" in frame else frame
 
 
 def _path(frame: str) -> str:
@@ -96,6 +133,7 @@ def summarize(raw: Path) -> dict:
     for label, depth in PROCESSES:
         parts: collections.Counter[str] = collections.Counter()
         functions: collections.Counter[str] = collections.Counter()
+        phases: collections.Counter[str] = collections.Counter()
         for line in raw.read_text(errors="replace").splitlines():
             stack, _, count = line.rpartition(" ")
             if not stack or not count.isdigit():
@@ -111,9 +149,13 @@ def summarize(raw: Path) -> dict:
             fn = None if part.startswith("idle") else connector_function(frames)
             if fn:
                 functions[fn] += int(count)
+            phase = None if part.startswith("idle") else blend_step_phase(frames)
+            if phase:
+                phases[phase] += int(count)
         total = sum(parts.values())
         out[label] = {"samples": total, "busy_samples": total - parts["idle (waiting)"],
-                      "parts": dict(parts.most_common()), "connector_entry_points": dict(functions.most_common(40))}
+                      "parts": dict(parts.most_common()), "connector_entry_points": dict(functions.most_common(40)),
+                      "blend_step_phases": dict(phases.most_common())}
     return out
 
 
@@ -126,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", default=None, metavar="RAW",
                    help="summarize this py-spy raw file of an earlier run instead of running one")
     p.add_argument("--out", default=None, help="JSON with the breakdown")
+    p.add_argument("--script", default="rag_traffic.py", choices=("rag_traffic.py", "blend_bench.py"),
+                   help="the benchmark to run under py-spy (default: rag_traffic.py)")
     args = p.parse_args(own)
     started = time.time()
     rc = 0
@@ -137,7 +181,7 @@ def main(argv=None) -> int:
             p.error("py-spy not found: pip install py-spy")
         raw = Path(tempfile.mkdtemp(prefix="ucm-profile-")) / "samples.txt"
         cmd = [spy, "record", "--subprocesses", "--idle", "--format", "raw", "--rate", str(args.rate), "-o", str(raw),
-               "--", sys.executable, str(HERE / "rag_traffic.py"), "--no-plot", *rest]
+               "--", sys.executable, str(HERE / args.script), "--no-plot", *rest]
         rc = subprocess.call(cmd)
         print(f"samples: {raw}")
     if not raw.exists():
@@ -153,6 +197,11 @@ def main(argv=None) -> int:
         for part, n in data["parts"].items():
             share = "" if part.startswith("idle") else f"{100 * n / max(busy, 1):6.1f}% of busy"
             print(f"  {part:40s} {100 * n / max(total, 1):6.1f}%  {share}")
+        steps = sum(data["blend_step_phases"].values())
+        if steps:
+            print(f"  inside Blend steps: {steps} samples ({100 * steps / max(busy, 1):.1f}% of busy)")
+            for phase, n in data["blend_step_phases"].items():
+                print(f"    {100 * n / steps:5.1f}%  {phase}")
         print("  heaviest connector entry points (share of busy samples):")
         for fn, n in list(data["connector_entry_points"].items())[:12]:
             print(f"    {100 * n / max(busy, 1):5.1f}%  {fn}")
@@ -160,7 +209,7 @@ def main(argv=None) -> int:
         from ucm.eval.summary import host_record
 
         Path(args.out).write_text(json.dumps({
-            "command": rest, "rate_hz": args.rate, "processes": processes, "host": host_record(),
+            "script": args.script, "command": rest, "rate_hz": args.rate, "processes": processes, "host": host_record(),
             "duration_s": None if args.samples else round(time.time() - started, 1)}, indent=1))
         print(f"wrote {args.out}")
     return 0 if rc == 0 else rc

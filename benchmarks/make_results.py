@@ -1474,7 +1474,8 @@ def storm_table(data: dict) -> list[str]:
 def profile_table(data: dict) -> list[str]:
     """A profile_stream.py run: each vLLM process's samples by part, and the connector's heaviest entry points."""
     over = f" over {data['duration_s']:.0f} s" if data.get("duration_s") else ""
-    lines = [f"py-spy at {data['rate_hz']} Hz{over}.", ""]
+    rate = f" at {data['rate_hz']} Hz" if data.get("rate_hz") else ""
+    lines = [f"py-spy{rate}{over}.", ""]
     for label, proc in data["processes"].items():
         total, busy = proc["samples"], max(proc["busy_samples"], 1)
         lines += [f"**{label}**: {total} samples, {proc['busy_samples']} busy.", "",

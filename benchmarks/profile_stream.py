@@ -193,7 +193,8 @@ def main(argv=None) -> int:
         return 1
     for label, data in processes.items():
         total, busy = data["samples"], data["busy_samples"]
-        print(f"\n{label}: {total} samples at {args.rate} Hz, {busy} busy")
+        rate = "" if args.samples else f" at {args.rate} Hz"  # an earlier run's rate is not in its raw file
+        print(f"\n{label}: {total} samples{rate}, {busy} busy")
         for part, n in data["parts"].items():
             share = "" if part.startswith("idle") else f"{100 * n / max(busy, 1):6.1f}% of busy"
             print(f"  {part:40s} {100 * n / max(total, 1):6.1f}%  {share}")
@@ -209,7 +210,7 @@ def main(argv=None) -> int:
         from ucm.eval.summary import host_record
 
         Path(args.out).write_text(json.dumps({
-            "script": args.script, "command": rest, "rate_hz": args.rate, "processes": processes, "host": host_record(),
+            "script": args.script, "command": rest, "rate_hz": None if args.samples else args.rate, "processes": processes, "host": host_record(),
             "duration_s": None if args.samples else round(time.time() - started, 1)}, indent=1))
         print(f"wrote {args.out}")
     return 0 if rc == 0 else rc

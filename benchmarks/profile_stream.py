@@ -62,7 +62,7 @@ IDLE = ("Condition.wait (threading.py", "select (selectors.py", "Poller.poll (zm
 
 # A Blend step's phases: (phase, substring of a frame), the first found anywhere in the sample wins.
 # The probe's own attention counts as the probe; the layers' attention is split by kernel.
-BLEND_STEP = "blend_forward (ucm/integration/vllm/blend/blend_forward.py"
+BLEND_STEP = "blend_forward ("  # a frame of blend_forward.blend_forward (not of check_blend_forward)
 BLEND_PHASES = [
     ("probe and ranking", "_score_loaded_rows ("),
     ("KV shift", "ucm/sparse/blend/kv_shift.py"),
@@ -77,18 +77,13 @@ BLEND_PHASES = [
 
 def blend_step_phase(frames: list[str]) -> str | None:
     """The phase of a Blend step a busy sample is in, or None outside a Blend step."""
-    stack = ";".join(_path_frame(f) for f in frames)
-    if BLEND_STEP.split(" (")[0] + " (" not in stack:
+    if not any(f.startswith(BLEND_STEP) for f in frames):
         return None
+    stack = ";".join(frames)
     for phase, marker in BLEND_PHASES:
         if marker in stack:
             return phase
     return "other (batch, selection, metadata)"
-
-
-def _path_frame(frame: str) -> str:
-    """A frame with its file relative to site-packages or the repository."""
-    return f"{frame.split(' (')[0]} ({_path(frame)}" if " (" in frame else frame
 
 
 def _path(frame: str) -> str:

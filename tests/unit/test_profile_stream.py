@@ -48,6 +48,8 @@ def test_samples_outside_a_blend_step_have_no_phase(ps):
     assert ps.blend_step_phase([f"execute_model ({SITE}/vllm/v1/worker/gpu_model_runner.py:10)",
                                 f"forward ({SITE}/vllm/model_executor/models/llama.py:5)"]) is None
     assert ps.blend_step_phase([]) is None
+    assert ps.blend_step_phase([f"check_blend_forward ({REPO}/ucm/integration/vllm/connector/worker_side.py:96)",
+                                f"run_layers ({REPO}/ucm/integration/vllm/blend/passes.py:63)"]) is None
 
 
 def test_summarize_counts_the_workers_blend_phases(ps, tmp_path):

@@ -78,7 +78,27 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
            "query_all weighs V norms over every layer after the check layer, query_norm counts each scored layer's "
            "mass as shares of the request's total, query_maxl the largest share over the layers, query_sq the sum "
            "of squared shares (the rule adopted)")
+_KERNEL = (f"{_Q} --dtype bfloat16 --num-questions 6 --sweep --ratios 0.15 --selections query --kl-tokens 1 "
+           "--max-tokens 4 --no-plot --enforce-eager")
+_KERNEL_HOST = "SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, an AMD EPYC host with AVX-512-BF16"
 QUALITY_RUNS = [
+    ("kernel_dot_runs_mass_miss3_musique6_bf16.json", f"{_KERNEL_HOST}, 3 of 10 passages missed: the attention as "
+     "committed (bfloat16 dot products, every run of rows native, the probe's mass read in place; 2026-11-29, a "
+     "nineteenth session)", f"{_KERNEL} --chunk-store alone --miss-passages 3 "
+     "--out benchmarks/results/kernel_dot_runs_mass_miss3_musique6_bf16.json"),
+    ("kernel_dot_miss3_musique6_bf16.json", f"{_KERNEL_HOST}, 3 of 10 passages missed: bfloat16 dot products, runs of "
+     "16 rows or more to vLLM's kernel (the step before every run went native)",
+     f"{_KERNEL} --chunk-store alone --miss-passages 3 --out benchmarks/results/kernel_dot_miss3_musique6_bf16.json"),
+    ("kernel_dot_runs_mass_musique6_bf16.json", f"{_KERNEL_HOST}: the attention as committed (bfloat16 dot products, "
+     "every run of rows native, the probe's mass read in place)",
+     f"{_KERNEL} --out benchmarks/results/kernel_dot_runs_mass_musique6_bf16.json"),
+    ("kernel_dot_runs_musique6_bf16.json", f"{_KERNEL_HOST}: bfloat16 dot products, every run of rows native (the "
+     "probe's mass from gathered K/V)", f"{_KERNEL} --out benchmarks/results/kernel_dot_runs_musique6_bf16.json"),
+    ("kernel_dot_musique6_bf16.json", f"{_KERNEL_HOST}: the native kernel with bfloat16 dot products, runs of 16 rows "
+     "or more to vLLM's kernel", f"{_KERNEL} --out benchmarks/results/kernel_dot_musique6_bf16.json"),
+    ("kernel_widen_musique6_bf16.json", f"{_KERNEL_HOST}: the native kernel before (bfloat16 widened to float32, "
+     "code 02e7033), runs of 16 rows or more to vLLM's kernel",
+     f"{_KERNEL} --out benchmarks/results/kernel_widen_musique6_bf16.json"),
     ("qwen15_musique36_55.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 36-55 (~6k tokens), the committed "
      "rule at 0.15 and 0.3, eager as the runs before, bfloat16 (other runs and tests shared the cores: TTFTs rough; "
      "2026-11-29, a seventeenth session)",
@@ -449,6 +469,14 @@ def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
+    ("The native kernel with bfloat16 dot products against widening to float32, SmolLM2, MuSiQue, 6 questions, "
+     "bfloat16", "kernel_widen_musique6_bf16.json", "kernel_dot_musique6_bf16.json", [("blend 0.15", "blend 0.15")]),
+    ("Every run of rows native (and the probe's mass read in place) against runs of 16 or more to vLLM's kernel, "
+     "SmolLM2, MuSiQue, 6 questions, bfloat16", "kernel_dot_musique6_bf16.json",
+     "kernel_dot_runs_mass_musique6_bf16.json", [("blend 0.15", "blend 0.15")]),
+    ("Every run of rows native (and the probe's mass read in place) against runs of 16 or more to vLLM's kernel, "
+     "3 of 10 passages missed, SmolLM2, MuSiQue, 6 questions, bfloat16", "kernel_dot_miss3_musique6_bf16.json",
+     "kernel_dot_runs_mass_miss3_musique6_bf16.json", [("blend 0.15", "blend 0.15")]),
     ("Gradual filtering (0.3 at layer 1 narrowed to 0.15 at layer 4) against one check layer at 0.15, generated set, "
      "20 questions, Qwen2.5-Coder-1.5B-Instruct, bfloat16", "qwen15_rules_gen20.json", "qwen15_gradual_gen20.json",
      [("blend 0.15", "blend 0.3")]),
@@ -983,6 +1011,13 @@ PROFILE_RUNS = [
      "benchmarks/results/profile_blend_step_bf16.json -- --dtype bfloat16 --num-questions 4 --sweep --ratios 0.15 "
      "--selections query --max-tokens 1 --enforce-eager"),
 ]
+ATTENTION_RUNS = ("Blend's attention of scattered rows: each variant of the native kernel, bfloat16 pages (an AMD EPYC "
+                  "host with AVX-512-BF16, 2026-11-29, a nineteenth session)",
+                  "python benchmarks/attention_bench.py --dtype bfloat16 --repeat 7 --kv-heads {kv} --group {g} "
+                  "--head-size {d} --out benchmarks/results/attention_bench_{model}_bf16.json",
+                  [("SmolLM2-135M", "attention_bench_smollm2_bf16.json"),
+                   ("Qwen2.5-Coder-0.5B", "attention_bench_qwen05_bf16.json"),
+                   ("Qwen2.5-Coder-1.5B", "attention_bench_qwen15_bf16.json")])
 STORM_RUN = ("fault_storm.json", "python benchmarks/fault_storm.py --generated --num-questions 16 --faults 100 "
              "--max-rounds 8 --shares lookup~0.1,load~0.2,rotate~0.2,select~0.2,forward~0.2,attention~0.006,dump~0.1 "
              "--out benchmarks/results/fault_storm.json")
@@ -1497,6 +1532,18 @@ def profile_table(data: dict) -> list[str]:
     return lines
 
 
+def attention_table(runs: list[tuple[str, dict]]) -> str:
+    """attention_bench.py runs: per model geometry, each path's best time per layer."""
+    paths = list(dict.fromkeys(p for _, data in runs for p in data["seconds"]))
+    lines = ["| geometry | rows over keys | " + " | ".join(paths) + " |", "|---|---|" + "---|" * len(paths)]
+    for model, data in runs:
+        g = data["geometry"]
+        cells = [f"{1e3 * data['seconds'][p]:.1f} ms" if p in data["seconds"] else "-" for p in paths]
+        lines.append(f"| {model} ({g['kv_heads']} KV heads x {g['group']}, head size {g['head_size']}) | "
+                     f"{data['rows']} over {data['keys']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def check_layer_table(runs: list[dict]) -> str:
     """One row per Blend mode of runs that differ only in the check layer."""
     lines = ["| check layer | mode | median TTFT | speed-up | same answer | F1 vs gold minus full's | next-token KL |",
@@ -1578,6 +1625,10 @@ def sections() -> list[tuple[str, list[str]]]:
                            lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
                            if base.is_file() else ["(not run)"])
         out.append((f"{base_name} vs {new_name}", section[1]))
+    title, command, runs = ATTENTION_RUNS
+    present = [(model, json.loads((RESULTS / n).read_text())) for model, n in runs if (RESULTS / n).is_file()]
+    out.append((runs[0][1], [f"## {title}", "", f"`{command}`, for each geometry", "",
+                             attention_table(present) if present else "(not run)", ""]))
     for title, command, names in CHECK_LAYER_STUDIES:
         present = [json.loads((RESULTS / n).read_text()) for n in names if (RESULTS / n).is_file()]
         body = [eval_context(present[0]).split(", started")[0] + ".", "", check_layer_table(present)] if present else ["(not run)"]

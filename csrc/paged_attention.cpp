@@ -14,7 +14,13 @@
 //   kBF16Amx (ISA amx, bfloat16): VNNI tiles. K(t, d) at (t/16)*16*D + (d/2)*32 + (t%16)*2 + d%2,
 //     so one 64-byte load holds dims d, d+1 of 16 keys; V(t, d) at page_size*D + (d/16)*16*page_size
 //     + (t/2)*32 + (d%16)*2 + t%2, so one load holds 16 dims of keys t, t+1.
-// bfloat16 is widened to float32 in registers (a 16-bit shift); all arithmetic is float32.
+// By default bfloat16 is widened to float32 in registers (a 16-bit shift) and all arithmetic is
+// float32. On CPUs with AVX512-BF16 a third variant reads bfloat16 pages with bfloat16 dot products
+// (vdpbf16ps: two products per float32 lane, so half the instructions of the widening kernels): the
+// queries (already bfloat16 in a bfloat16 model; scores are scaled after the dot product) and the
+// softmax weights are rounded to bfloat16, as vLLM's AMX kernel rounds them; sums stay float32. In the vec16 layout a key pair (QK: dims d, d+1; P.V: keys j, j+1) is formed
+// by interleaving two rows, which permutes lanes within 128-bit blocks: scores are put back in key
+// order per block, the output accumulates in that permuted dim order and is put back on write.
 //
 // Each variant is compiled via a target attribute and only called where the CPU has it;
 // `isas()` lists them (best first), `supports()` says whether any applies, and Python falls back
@@ -44,6 +50,7 @@
 #include <immintrin.h>
 #define UCM_AVX512 __attribute__((target("avx512f")))
 #define UCM_AVX2 __attribute__((target("avx2,fma")))
+#define UCM_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
 
 namespace py = pybind11;
@@ -51,7 +58,7 @@ namespace py = pybind11;
 namespace ucm_attn {
 
 enum PageFormat { kF32 = 0, kBF16 = 1, kBF16Amx = 2 };
-enum Isa { kBest = 0, kAvx512 = 1, kAvx2 = 2 };
+enum Isa { kBest = 0, kAvx512 = 1, kAvx2 = 2, kAvx512Bf16 = 3 };
 
 struct Problem {
   const float* q;        // [n, hk * group, D], contiguous
@@ -172,15 +179,140 @@ UCM_AVX512 static inline void pv_block(const float* p, int ldp, const T* v, int 
     for (int x = 0; x < NV; ++x) _mm512_storeu_ps(o + r * D + 16 * x, c[r][x]);
 }
 
+// ---- AVX512-BF16: bfloat16 pages with bfloat16 dot products --------------------------------
+namespace dot {
+
+constexpr int kPvRows = 6;  // P.V rows per block, over 64 dims at a time (24 accumulators)
+
+// Round-to-nearest-even float32 -> bfloat16 bits (NaN stays NaN).
+static inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Where an interleaved pair vector's lanes land: unpacklo/unpackhi of two rows of 32 elements give,
+// in each 128-bit block b, elements 8b..8b+3 (lo) and 8b+4..8b+7 (hi). `slot(i)` is the lane
+// (0..31 over lo then hi) that holds element i of the 32.
+static constexpr int slot(int i) { return (i % 8 < 4 ? 0 : 16) + 4 * (i / 8) + i % 4; }
+
+// q pairs: qp[r * D / 2 + i] holds bfloat16 q[r, 2i] (low half) and q[r, 2i + 1] (high half).
+static inline void pack_queries(const float* q, int rows, int D, std::vector<uint32_t>& qp) {
+  qp.resize(static_cast<size_t>(rows) * D / 2);
+  for (int i = 0; i < rows * D / 2; ++i)
+    qp[i] = bf16_bits(q[2 * i]) | static_cast<uint32_t>(bf16_bits(q[2 * i + 1])) << 16;
+}
+
+UCM_AVX512BF16 static inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
+UCM_AVX512BF16 static inline __m512bh bcast_pair(const void* p) {
+  uint32_t pair;
+  std::memcpy(&pair, p, sizeof(pair));
+  return as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+}
+
+// s[r, 0:32] = scale * q[r, :] . K[c0:c0+32, :] for 12 rows (bfloat16 q pairs `qp`), K of one (page, head).
+template <int D, int Fmt>
+UCM_AVX512BF16 static void qk_12x32(const uint32_t* qp, const uint16_t* kt, int ps, int c0, float scale, float* s,
+                                    int lds) {
+  __m512 c[kQkRows][2];
+  for (int r = 0; r < kQkRows; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 2) {
+    __m512bh k0, k1;
+    if constexpr (Fmt == kBF16Amx) {  // already pairs of dims d, d + 1: keys c0.. and c0 + 16..
+      const uint16_t* tile = kt + static_cast<int64_t>(c0 / 16) * 16 * D;
+      k0 = as_bh(_mm512_loadu_si512(tile + d * 16));
+      k1 = as_bh(_mm512_loadu_si512(tile + 16 * D + d * 16));
+    } else {  // rows d and d + 1 of K^T, interleaved: keys in slot() order
+      const __m512i a = _mm512_loadu_si512(kt + d * ps + c0), b = _mm512_loadu_si512(kt + (d + 1) * ps + c0);
+      k0 = as_bh(_mm512_unpacklo_epi16(a, b));
+      k1 = as_bh(_mm512_unpackhi_epi16(a, b));
+    }
+    for (int r = 0; r < kQkRows; ++r) {
+      const __m512bh a = bcast_pair(qp + r * D / 2 + d / 2);
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], a, k0);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], a, k1);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  if constexpr (Fmt == kBF16Amx) {
+    for (int r = 0; r < kQkRows; ++r) {
+      _mm512_storeu_ps(s + r * lds, _mm512_mul_ps(c[r][0], sc));
+      _mm512_storeu_ps(s + r * lds + 16, _mm512_mul_ps(c[r][1], sc));
+    }
+  } else {
+    alignas(64) static constexpr int order[32] = {
+        slot(0), slot(1), slot(2), slot(3), slot(4), slot(5), slot(6), slot(7), slot(8), slot(9), slot(10),
+        slot(11), slot(12), slot(13), slot(14), slot(15), slot(16), slot(17), slot(18), slot(19), slot(20),
+        slot(21), slot(22), slot(23), slot(24), slot(25), slot(26), slot(27), slot(28), slot(29), slot(30), slot(31)};
+    const __m512i first = _mm512_load_si512(order), second = _mm512_load_si512(order + 16);
+    for (int r = 0; r < kQkRows; ++r) {
+      _mm512_storeu_ps(s + r * lds, _mm512_mul_ps(_mm512_permutex2var_ps(c[r][0], first, c[r][1]), sc));
+      _mm512_storeu_ps(s + r * lds + 16, _mm512_mul_ps(_mm512_permutex2var_ps(c[r][0], second, c[r][1]), sc));
+    }
+  }
+}
+
+// o[r, 64h:64h+64] += p[r, 0:keys] . V[0:keys, 64h:64h+64] for kPvRows rows and every h; p in
+// bfloat16 with p[r, keys] == 0 when keys is odd. vec16 pages: o's dims in slot() order per 32.
+template <int D, int Fmt>
+UCM_AVX512BF16 static void pv_block(const uint16_t* p, int ldp, const uint16_t* v, int ps, int keys, float* o) {
+  for (int h = 0; h < D / 64; ++h) {
+    __m512 c[kPvRows][4];
+    for (int r = 0; r < kPvRows; ++r)
+      for (int x = 0; x < 4; ++x) c[r][x] = _mm512_loadu_ps(o + r * D + 64 * h + 16 * x);
+    for (int j = 0; j < keys; j += 2) {
+      const bool two = j + 1 < keys;  // an odd tail: the pair's second key is not there (may be NaN)
+      __m512bh vv[4];
+      if constexpr (Fmt == kBF16Amx) {  // keys j, j + 1 of 16 dims per load
+        for (int x = 0; x < 4; ++x) {
+          __m512i pair = _mm512_loadu_si512(v + static_cast<int64_t>(4 * h + x) * 16 * ps + j * 16);
+          if (!two) pair = _mm512_maskz_mov_epi16(0x55555555u, pair);
+          vv[x] = as_bh(pair);
+        }
+      } else {  // rows j and j + 1 of V, interleaved: dims in slot() order per 32
+        for (int y = 0; y < 2; ++y) {
+          const __m512i a = _mm512_loadu_si512(v + j * D + 64 * h + 32 * y);
+          const __m512i b = two ? _mm512_loadu_si512(v + (j + 1) * D + 64 * h + 32 * y) : _mm512_setzero_si512();
+          vv[2 * y] = as_bh(_mm512_unpacklo_epi16(a, b));
+          vv[2 * y + 1] = as_bh(_mm512_unpackhi_epi16(a, b));
+        }
+      }
+      for (int r = 0; r < kPvRows; ++r) {
+        const __m512bh a = bcast_pair(p + r * ldp + j);
+        for (int x = 0; x < 4; ++x) c[r][x] = _mm512_dpbf16_ps(c[r][x], a, vv[x]);
+      }
+    }
+    for (int r = 0; r < kPvRows; ++r)
+      for (int x = 0; x < 4; ++x) _mm512_storeu_ps(o + r * D + 64 * h + 16 * x, c[r][x]);
+  }
+}
+
+// p16[r, 0:ceil16(kend)] = bfloat16 of s[r, 0:kend], zero past kend, for rows [r0, r1).
+UCM_AVX512BF16 static void round_rows(const float* s, int lds, uint16_t* p16, int ldp, int r0, int r1, int kend) {
+  for (int r = r0; r < r1; ++r)
+    for (int j = 0; j < kend; j += 16) {
+      const int lim = std::min(16, kend - j);
+      const __m512 x = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << lim) - 1), s + r * lds + j);
+      const __m256bh y = _mm512_cvtneps_pbh(x);
+      std::memcpy(p16 + r * ldp + j, &y, sizeof(y));
+    }
+}
+
+}  // namespace dot
+
 struct Scratch {
   std::vector<float> q, s, o, m, l;
   std::vector<int64_t> pos;
+  std::vector<uint32_t> qp;  // the dot variant's bfloat16 query pairs
+  std::vector<uint16_t> p;   // and its bfloat16 softmax weights
 };
 
-// Sizes the scratch for R rows (query, head in group) of KV head h and copies the scaled queries
-// [t0, t0 + rows / group) in; padding rows up to R repeat the last row (their output is dropped).
+// Sizes the scratch for R rows (query, head in group) of KV head h and copies the queries
+// [t0, t0 + rows / group) in, times `scale`; padding rows up to R repeat the last row (their output
+// is dropped).
 template <int D>
-static void fill_queries(const Problem& pb, int h, int64_t t0, int rows, int R, int lds, Scratch& w) {
+static void fill_queries(const Problem& pb, int h, int64_t t0, int rows, int R, int lds, float scale, Scratch& w) {
   const int g = pb.group, hq = pb.hk * g;
   w.q.assign(static_cast<size_t>(R) * D, 0.0f);
   w.o.assign(static_cast<size_t>(R) * D, 0.0f);
@@ -194,32 +326,45 @@ static void fill_queries(const Problem& pb, int h, int64_t t0, int rows, int R, 
     const int head = h * g + rr % g;
     w.pos[r] = pb.pos[t];
     const float* src = pb.q + (t * hq + head) * D;
-    for (int d = 0; d < D; ++d) w.q[r * D + d] = src[d] * pb.scale;
+    for (int d = 0; d < D; ++d) w.q[r * D + d] = src[d] * scale;
   }
 }
 
-// The normalised output rows of KV head h, queries [t0, t0 + rows / group).
+// The normalised output rows of KV head h, queries [t0, t0 + rows / group); `permuted`: the rows'
+// dims are in dot::slot() order per 32 (the dot variant on vec16 pages).
 template <int D>
-static void write_out(const Problem& pb, int h, int64_t t0, int rows, const Scratch& w) {
+static void write_out(const Problem& pb, int h, int64_t t0, int rows, const Scratch& w, bool permuted = false) {
   const int g = pb.group, hq = pb.hk * g;
   for (int r = 0; r < rows; ++r) {
     const int64_t t = t0 + r / g;
     const int head = h * g + r % g;
     float* dst = pb.out + (t * hq + head) * D;
     const float inv = 1.0f / w.l[r];
-    for (int d = 0; d < D; ++d) dst[d] = w.o[r * D + d] * inv;
+    const float* o = w.o.data() + r * D;
+    if (permuted)
+      for (int d = 0; d < D; ++d) dst[d] = o[d / 32 * 32 + dot::slot(d % 32)] * inv;
+    else
+      for (int d = 0; d < D; ++d) dst[d] = o[d] * inv;
   }
 }
 
 // One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
-template <int D, int Fmt, typename T>
+// `Dot`: bfloat16 pages through the dot variant's micro-kernels (called, not inlined: they need
+// AVX512-BF16, this driver only AVX-512F).
+template <int D, int Fmt, typename T, bool Dot = false>
 UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
   constexpr int MR = 24 / (D / 16);  // P.V rows per block: 6 for D=64, 3 for D=128
   const int g = pb.group, ps = pb.page_size;
   const int rows = static_cast<int>(t1 - t0) * g;
   const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
   const int lds = ps;
-  fill_queries<D>(pb, h, t0, rows, R, lds, w);
+  // The dot variant scales the scores, not the queries: a bfloat16 model's queries then round to
+  // bfloat16 exactly.
+  fill_queries<D>(pb, h, t0, rows, R, lds, Dot ? 1.0f : pb.scale, w);
+  if constexpr (Dot) {
+    dot::pack_queries(w.q.data(), R, D, w.qp);
+    w.p.resize(static_cast<size_t>(R) * lds);
+  }
   const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
   const int64_t npages = last / ps + 1;
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
@@ -237,7 +382,10 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
     r_live = r_live / kQkRows * kQkRows;
     for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
       for (int r0 = r_live; r0 < R; r0 += kQkRows)
-        qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * lds + c0, lds);
+        if constexpr (Dot)
+          dot::qk_12x32<D, Fmt>(w.qp.data() + r0 * D / 2, kt, ps, c0, pb.scale, w.s.data() + r0 * lds + c0, lds);
+        else
+          qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * lds + c0, lds);
     for (int r = r_live; r < R; ++r) {
       float* srow = w.s.data() + r * lds;
       const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
@@ -270,12 +418,183 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
         for (int d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
       }
     }
-    for (int r0 = r_live; r0 < R; r0 += MR)
-      pv_block<D, MR, Fmt>(w.s.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
+    if constexpr (Dot) {
+      dot::round_rows(w.s.data(), lds, w.p.data(), lds, r_live, R, kend);
+      for (int r0 = r_live; r0 < R; r0 += dot::kPvRows)
+        dot::pv_block<D, Fmt>(w.p.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
+    } else {
+      for (int r0 = r_live; r0 < R; r0 += MR)
+        pv_block<D, MR, Fmt>(w.s.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
+    }
   }
-  write_out<D>(pb, h, t0, rows, w);
+  write_out<D>(pb, h, t0, rows, w, Dot && Fmt == kBF16);
 }
 
+
+// ---- The probe's attention mass: what each key receives from a few query rows ---------------
+// Blend's query rule ranks the loaded tokens by the attention the question's last rows pay them
+// (ucm/sparse/blend/query_probe.py attention_mass): per key, the softmax probability summed over
+// rows and heads, each head's weighted by the key's V norm there. Read from the pages in place in
+// two passes over them (each row's max and denominator, then the probabilities), instead of
+// gathering the request's whole K and V per layer. AVX-512 variants only.
+
+constexpr int kMassPages = 8;  // pages per work item
+
+// Scores of rows [0, R) over page p's keys into w.s (K of KV head h); returns the keys any row sees.
+template <int D, int Fmt, typename T, bool Dot>
+UCM_AVX512 static int page_scores(const Problem& pb, int h, int64_t p, int R, Scratch& w) {
+  const int ps = pb.page_size;
+  const T* kt = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
+  const int64_t base = p * ps;
+  const int kend = static_cast<int>(std::min<int64_t>(ps, pb.pos[pb.n - 1] + 1 - base));
+  const int kpad = (kend + kQkKeys - 1) / kQkKeys * kQkKeys;
+  for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
+    for (int r0 = 0; r0 < R; r0 += kQkRows)
+      if constexpr (Dot)
+        dot::qk_12x32<D, Fmt>(w.qp.data() + r0 * D / 2, kt, ps, c0, pb.scale, w.s.data() + r0 * ps + c0, ps);
+      else
+        qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * ps + c0, ps);
+  return kend;
+}
+
+// The rows of KV head h (every query, every head of its group), padded to a multiple of 12.
+template <int D, bool Dot>
+static int mass_rows(const Problem& pb, int h, Scratch& w) {
+  const int rows = static_cast<int>(pb.n) * pb.group;
+  const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
+  fill_queries<D>(pb, h, 0, rows, R, pb.page_size, Dot ? 1.0f : pb.scale, w);
+  if constexpr (Dot) dot::pack_queries(w.q.data(), R, D, w.qp);
+  return R;
+}
+
+// The norm of each of a page's first `kend` V rows (KV head h) into `out`.
+template <int D, int Fmt, typename T>
+UCM_AVX512 static void v_norms(const T* v, int ps, int kend, float* out) {
+  if constexpr (Fmt == kBF16Amx) {
+    for (int j = 0; j < kend; j += 2) {
+      __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+      for (int x = 0; x < D / 16; ++x) {
+        __m512 va, vb;  // dims 16x.. of keys j and j + 1
+        load_pair(v + static_cast<int64_t>(x) * 16 * ps + j * 16, va, vb);
+        a = _mm512_fmadd_ps(va, va, a);
+        b = _mm512_fmadd_ps(vb, vb, b);
+      }
+      out[j] = std::sqrt(_mm512_reduce_add_ps(a));
+      if (j + 1 < kend) out[j + 1] = std::sqrt(_mm512_reduce_add_ps(b));
+    }
+  } else {
+    for (int j = 0; j < kend; ++j) {
+      __m512 a = _mm512_setzero_ps();
+      for (int x = 0; x < D / 16; ++x) {
+        const __m512 y = load16(v + j * D + 16 * x);
+        a = _mm512_fmadd_ps(y, y, a);
+      }
+      out[j] = std::sqrt(_mm512_reduce_add_ps(a));
+    }
+  }
+}
+
+// Folds scores s[0:valid] into a row's running max `m` and sum of exp(s - m) `l`.
+UCM_AVX512 static void fold_row(const float* s, int valid, float& m, float& l) {
+  if (valid <= 0) return;
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mx = neg_inf;
+  for (int j = 0; j < valid; j += 16) {
+    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, k, s + j));
+  }
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < valid; j += 16) {
+    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv))));
+  }
+  l = l * std::exp(m - m_new) + _mm512_reduce_add_ps(sum);  // exp(-inf) = 0 on the first keys seen
+  m = m_new;
+}
+
+// col[0:valid] += exp(s[0:valid] - m) * inv.
+UCM_AVX512 static void add_probs(const float* s, int valid, float m, float inv, float* col) {
+  const __m512 mv = _mm512_set1_ps(m), iv = _mm512_set1_ps(inv);
+  for (int j = 0; j < valid; j += 16) {
+    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
+    _mm512_mask_storeu_ps(col + j, k, _mm512_fmadd_ps(e, iv, _mm512_maskz_loadu_ps(k, col + j)));
+  }
+}
+
+// mass[h, key] for every KV head h and key 0 .. pos[n - 1]: sum over the rows of head h's group
+// of softmax(scale q.K)[key] (each row over keys 0 .. its position), times |V[key, h]| if
+// `weigh`. `mass` is [hk, pos[n - 1] + 1].
+template <int D, int Fmt, typename T, bool Dot>
+static void run_mass(const Problem& pb, bool weigh, float* mass, int num_threads,
+                     const std::vector<int>& helper_cpus) {
+  const int ps = pb.page_size, rows = static_cast<int>(pb.n) * pb.group;
+  const int64_t num_keys = pb.pos[pb.n - 1] + 1;
+  const int64_t npages = (num_keys + ps - 1) / ps;
+  if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
+  const int64_t segs = (npages + kMassPages - 1) / kMassPages;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Pass 1: per (head, segment, row) the max score and the sum of exp(score - max) over its keys.
+  std::vector<float> seg_m(static_cast<size_t>(pb.hk * segs * rows), neg_inf);
+  std::vector<float> seg_l(seg_m.size(), 0.0f);
+  parallel_items(pb.hk * segs, num_threads, helper_cpus, [&](int64_t i, Scratch& w) {
+    const int h = static_cast<int>(i / segs);
+    const int64_t seg = i % segs;
+    const int R = mass_rows<D, Dot>(pb, h, w);
+    w.s.resize(static_cast<size_t>(R) * ps);
+    float* m = seg_m.data() + i * rows;
+    float* l = seg_l.data() + i * rows;
+    for (int64_t p = seg * kMassPages; p < std::min(npages, (seg + 1) * kMassPages); ++p) {
+      const int kend = page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
+      for (int r = 0; r < rows; ++r) {
+        const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - p * ps, 0, kend));
+        fold_row(w.s.data() + r * ps, valid, m[r], l[r]);
+      }
+    }
+  });
+  // Each row's max and 1 / denominator over all its keys.
+  std::vector<float> row_m(static_cast<size_t>(pb.hk * rows), neg_inf), row_inv(row_m.size(), 0.0f);
+  for (int h = 0; h < pb.hk; ++h)
+    for (int r = 0; r < rows; ++r) {
+      float mx = neg_inf, l = 0.0f;
+      for (int64_t seg = 0; seg < segs; ++seg) mx = std::max(mx, seg_m[(h * segs + seg) * rows + r]);
+      for (int64_t seg = 0; seg < segs; ++seg) {
+        const size_t at = (h * segs + seg) * rows + r;
+        if (seg_l[at] > 0.0f) l += seg_l[at] * std::exp(seg_m[at] - mx);
+      }
+      row_m[h * rows + r] = mx;
+      row_inv[h * rows + r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+  // Pass 2: the probabilities, summed over the rows, per key.
+  parallel_items(pb.hk * segs, num_threads, helper_cpus, [&](int64_t i, Scratch& w) {
+    const int h = static_cast<int>(i / segs);
+    const int64_t seg = i % segs;
+    const int R = mass_rows<D, Dot>(pb, h, w);
+    w.s.resize(static_cast<size_t>(R) * ps);
+    w.o.assign(2 * static_cast<size_t>(ps), 0.0f);  // column sums, then V norms
+    for (int64_t p = seg * kMassPages; p < std::min(npages, (seg + 1) * kMassPages); ++p) {
+      const int kend = page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
+      float* col = w.o.data();
+      std::fill(col, col + kend, 0.0f);
+      for (int r = 0; r < rows; ++r) {
+        const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - p * ps, 0, kend));
+        add_probs(w.s.data() + r * ps, valid, row_m[h * rows + r], row_inv[h * rows + r], col);
+      }
+      float* out = mass + h * num_keys + p * ps;
+      if (weigh) {
+        const T* v = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride +
+                     static_cast<int64_t>(D) * ps;
+        float* norm = w.o.data() + ps;
+        v_norms<D, Fmt, T>(v, ps, kend, norm);
+        for (int j = 0; j < kend; ++j) out[j] = col[j] * norm[j];
+      } else {
+        std::copy(col, col + kend, out);
+      }
+    }
+  });
+}
 
 // ---- AVX2 + FMA: the same algorithm with 8 lanes and 16 registers ---------------------------
 // It mirrors the AVX-512 kernels above function by function (other intrinsics, smaller register
@@ -411,7 +730,7 @@ UCM_AVX2 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, 
   const int rows = static_cast<int>(t1 - t0) * g;
   const int R = (rows + kRows - 1) / kRows * kRows;
   const int lds = ps;
-  fill_queries<D>(pb, h, t0, rows, R, lds, w);
+  fill_queries<D>(pb, h, t0, rows, R, lds, pb.scale, w);
   const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
   const int64_t npages = last / ps + 1;
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
@@ -467,11 +786,10 @@ UCM_AVX2 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, 
 
 }  // namespace avx2
 
-template <int D, int Fmt, typename T, int Isa>
-static void run(const Problem& pb, int num_threads, const std::vector<int>& helper_cpus) {
-  const int64_t tq = pb.tile_queries;
-  const int64_t ntiles = (pb.n + tq - 1) / tq;
-  const int64_t items = ntiles * pb.hk;
+// Runs fn(item, scratch) for items [0, items) on the caller's thread and num_threads - 1 helpers
+// pinned to `helper_cpus`; the first exception stops the rest and is rethrown.
+template <typename Fn>
+static void parallel_items(int64_t items, int num_threads, const std::vector<int>& helper_cpus, Fn&& fn) {
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::string error;
@@ -484,14 +802,8 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
     }
     Scratch w;
     for (int64_t i; (i = next.fetch_add(1)) < items;) {
-      // Last tiles first: they see the most keys, so the tail of the schedule is short.
-      const int64_t tile = ntiles - 1 - i / pb.hk;
-      const int h = static_cast<int>(i % pb.hk);
       try {
-        if constexpr (Isa == kAvx512)
-          run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
-        else
-          avx2::run_tile<D, Fmt, T>(pb, h, tile * tq, std::min(pb.n, (tile + 1) * tq), w);
+        fn(i, w);
       } catch (const std::exception& e) {
         if (!failed.exchange(true)) error = e.what();
         next.store(items);
@@ -506,7 +818,28 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
   if (failed) throw std::runtime_error(error);
 }
 
+template <int D, int Fmt, typename T, int Isa>
+static void run(const Problem& pb, int num_threads, const std::vector<int>& helper_cpus) {
+  const int64_t tq = pb.tile_queries;
+  const int64_t ntiles = (pb.n + tq - 1) / tq;
+  parallel_items(ntiles * pb.hk, num_threads, helper_cpus, [&](int64_t i, Scratch& w) {
+    // Last tiles first: they see the most keys, so the tail of the schedule is short.
+    const int64_t tile = ntiles - 1 - i / pb.hk;
+    const int h = static_cast<int>(i % pb.hk);
+    const int64_t t0 = tile * tq, t1 = std::min(pb.n, (tile + 1) * tq);
+    if constexpr (Isa == kAvx512Bf16)
+      run_tile<D, Fmt, T, true>(pb, h, t0, t1, w);
+    else if constexpr (Isa == kAvx512)
+      run_tile<D, Fmt, T>(pb, h, t0, t1, w);
+    else
+      avx2::run_tile<D, Fmt, T>(pb, h, t0, t1, w);
+  });
+}
+
 static bool cpu_has(int isa) {
+  if (isa == kAvx512Bf16)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16");
   if (isa == kAvx512) return __builtin_cpu_supports("avx512f");
   return isa == kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -518,7 +851,7 @@ static bool cpu_has(int) { return false; }
 // The variants this CPU runs, best first.
 std::vector<int> isas() {
   std::vector<int> out;
-  for (int isa : {kAvx512, kAvx2})
+  for (int isa : {kAvx512Bf16, kAvx512, kAvx2})
     if (cpu_has(isa)) out.push_back(isa);
   return out;
 }
@@ -527,11 +860,16 @@ bool supports(int head_dim, int page_size) {
   return !isas().empty() && (head_dim == 64 || head_dim == 128) && page_size > 0 && page_size % 32 == 0;
 }
 
+bool mass_supported(int head_dim, int page_size) {
+  return supports(head_dim, page_size) && cpu_has(kAvx512);
+}
+
 #if defined(__x86_64__)
 template <int D, int Isa>
 static void run_format(const Problem& pb, int format, int num_threads, const std::vector<int>& helper_cpus) {
+  constexpr int kFloatIsa = Isa == kAvx512Bf16 ? kAvx512 : Isa;  // float32 pages have no dot variant
   if (format == kF32)
-    run<D, kF32, float, Isa>(pb, num_threads, helper_cpus);
+    run<D, kF32, float, kFloatIsa>(pb, num_threads, helper_cpus);
   else if (format == kBF16)
     run<D, kBF16, uint16_t, Isa>(pb, num_threads, helper_cpus);
   else
@@ -540,7 +878,9 @@ static void run_format(const Problem& pb, int format, int num_threads, const std
 
 template <int D>
 static void run_isa(const Problem& pb, int isa, int format, int num_threads, const std::vector<int>& helper_cpus) {
-  if (isa == kAvx512)
+  if (isa == kAvx512Bf16)
+    run_format<D, kAvx512Bf16>(pb, format, num_threads, helper_cpus);
+  else if (isa == kAvx512)
     run_format<D, kAvx512>(pb, format, num_threads, helper_cpus);
   else
     run_format<D, kAvx2>(pb, format, num_threads, helper_cpus);
@@ -573,12 +913,49 @@ void paged_causal_attention(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pag
 #endif
 }
 
+
+void paged_attention_mass(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages, int page_format,
+                          int64_t page_stride, int64_t head_stride, uintptr_t table, int64_t num_pages, int hk,
+                          int group, int head_dim, int page_size, double scale, bool weigh, uintptr_t mass,
+                          int num_threads, const std::vector<int>& helper_cpus) {
+  if (!mass_supported(head_dim, page_size))
+    throw std::invalid_argument("paged_attention_mass: unsupported head_dim/page_size or CPU without AVX-512F");
+  if (page_format < kF32 || page_format > kBF16Amx) throw std::invalid_argument("unknown page format");
+  if (n <= 0) return;
+  if (hk <= 0 || group <= 0) throw std::invalid_argument("hk and group must be positive");
+  Problem pb{reinterpret_cast<const float*>(q), reinterpret_cast<const int64_t*>(pos), n,
+             reinterpret_cast<const void*>(pages), page_stride, head_stride,
+             reinterpret_cast<const int64_t*>(table), num_pages, hk, group, head_dim, page_size,
+             static_cast<float>(scale), nullptr, 0};
+  float* out = reinterpret_cast<float*>(mass);
+#if defined(__x86_64__)
+  py::gil_scoped_release release;
+  const bool dot = page_format != kF32 && cpu_has(kAvx512Bf16);
+  auto go = [&](auto d_tag) {
+    constexpr int D = decltype(d_tag)::value;
+    if (page_format == kF32)
+      run_mass<D, kF32, float, false>(pb, weigh, out, num_threads, helper_cpus);
+    else if (page_format == kBF16)
+      dot ? run_mass<D, kBF16, uint16_t, true>(pb, weigh, out, num_threads, helper_cpus)
+          : run_mass<D, kBF16, uint16_t, false>(pb, weigh, out, num_threads, helper_cpus);
+    else
+      dot ? run_mass<D, kBF16Amx, uint16_t, true>(pb, weigh, out, num_threads, helper_cpus)
+          : run_mass<D, kBF16Amx, uint16_t, false>(pb, weigh, out, num_threads, helper_cpus);
+  };
+  if (head_dim == 64)
+    go(std::integral_constant<int, 64>{});
+  else
+    go(std::integral_constant<int, 128>{});
+#endif
+}
+
 }  // namespace ucm_attn
 
 PYBIND11_MODULE(_attention, m) {
-  m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX-512F or AVX2 + FMA).";
+  m.doc() = "Exact causal attention of scattered query rows over paged K/V (AVX512-BF16, AVX-512F or AVX2 + FMA).";
   m.attr("AVX512") = static_cast<int>(ucm_attn::kAvx512);
   m.attr("AVX2") = static_cast<int>(ucm_attn::kAvx2);
+  m.attr("AVX512_BF16") = static_cast<int>(ucm_attn::kAvx512Bf16);
   m.def("isas", &ucm_attn::isas, "The kernel variants this CPU runs, best first.");
   m.attr("F32") = static_cast<int>(ucm_attn::kF32);
   m.attr("BF16") = static_cast<int>(ucm_attn::kBF16);
@@ -589,5 +966,12 @@ PYBIND11_MODULE(_attention, m) {
         py::arg("pages"), py::arg("page_format"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"), py::arg("num_pages"),
         py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
         py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"), py::arg("isa") = 0,
+        "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
+  m.def("mass_supported", &ucm_attn::mass_supported, py::arg("head_dim"), py::arg("page_size"),
+        "Whether this CPU and geometry can use the native attention mass (AVX-512F).");
+  m.def("paged_attention_mass", &ucm_attn::paged_attention_mass, py::arg("q"), py::arg("pos"), py::arg("n"),
+        py::arg("pages"), py::arg("page_format"), py::arg("page_stride"), py::arg("head_stride"), py::arg("table"),
+        py::arg("num_pages"), py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"),
+        py::arg("scale"), py::arg("weigh"), py::arg("mass"), py::arg("num_threads"), py::arg("helper_cpus"),
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
 }

@@ -86,7 +86,8 @@ def test_a_reference_places_what_the_chunk_copy_placed(tmp_path, new_start, piec
     assert [(ld.start, ld.num_tokens, ld.rows_from) for ld in loads] == pieces
     w.start_load_kv(load_step(b_blocks, loads, new_start))
     from_ref = kv_at(w, b_blocks, range(new_start, new_start + len(CHUNK)))
-    assert w.build_report() is None  # no load failed
+    report = w.build_report()  # a slow read (a loaded host) is reported too: only failures count here
+    assert report is None or not (report.load_failed or report.not_blended or report.blend_error)
 
     assert from_ref.abs().sum() > 0
     torch.testing.assert_close(from_ref[:, :, 1], from_copy[:, :, 1], rtol=0, atol=0)  # V moves unchanged

@@ -94,12 +94,13 @@ DTYPES = {"f32": (torch.float32, None, 1e-4), "bf16": (torch.bfloat16, "vec", 2e
 
 @pytest.mark.parametrize("kind", DTYPES)
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
-@pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000], ids=["kernel", "k4", "k16", "tiled"])
+@pytest.mark.parametrize("min_kernel_run", [0, 4, 16, 1000, None], ids=["kernel", "k4", "k16", "k1000", "tiled"])
 def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, min_kernel_run, native, kind):
     import ucm.integration.vllm.blend.sparse_attention as sa
 
     dtype, isa, tol = DTYPES[kind]
-    if isa == "amx" and min_kernel_run < 1000 and not torch.cpu._is_amx_tile_supported():
+    if isa == "amx" and min_kernel_run is not None and min_kernel_run < 1000 \
+            and not torch.cpu._is_amx_tile_supported():
         # The check vLLM itself makes before it picks ISA "amx" (cpu_attn._get_attn_isa).
         pytest.skip("vLLM's AMX attention kernel: torch reports no AMX tile support on this CPU")
     if native and not sa.native_supported(dtype, D, BS, page_format=isa or "vec"):
@@ -107,6 +108,7 @@ def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, 
     if not native:
         monkeypatch.setattr(sa, "native_supported", lambda *args: False)
     monkeypatch.setattr(sa, "MIN_KERNEL_RUN", min_kernel_run)
+    monkeypatch.setattr(sa, "MIN_KERNEL_RUN_NATIVE", min_kernel_run)
     cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED, dtype, isa)
     sub = sa.subset_metadata(meta, pseudo, torch.zeros(pseudo.num_tokens, dtype=torch.int64), layer,
                              dtype, pos, layout)
@@ -118,6 +120,22 @@ def test_subset_attention_is_exactly_causal(vllm_cpu, cache_write, monkeypatch, 
     impl = sa.SubsetAttentionImpl(layer.impl, layout)
     impl.forward(layer, q, q[:, :HK], q[:, :HK], cache, sub, output=output)
     torch.testing.assert_close(output.view(-1, HQ, D).float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_by_default_runs_go_to_vllm_only_beside_the_torch_tiles(vllm_cpu, monkeypatch, native):
+    """The native kernel takes every row, the question's and the misses' runs too; the torch tiles
+    leave runs of MIN_KERNEL_RUN or more (here the 30-run) to vLLM's kernel."""
+    import ucm.integration.vllm.blend.sparse_attention as sa
+
+    if native and not sa.native_supported(torch.float32, D, BS):
+        pytest.skip("native paged attention needs the built extension and AVX-512F or AVX2")
+    if not native:
+        monkeypatch.setattr(sa, "native_supported", lambda *args: False)
+    cache, layout, layer, meta, pseudo, pos, q, want = build(vllm_cpu, SCATTERED)
+    sub = sa.subset_metadata(meta, pseudo, torch.zeros(pseudo.num_tokens, dtype=torch.int64), layer,
+                             torch.float32, pos, layout)
+    assert sub.kernel_rows.numel() == (0 if native else 30)
 
 
 def test_impl_delegates_other_metadata_and_is_removed_after_the_pass(vllm_cpu):

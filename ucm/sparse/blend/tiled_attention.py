@@ -10,10 +10,12 @@ Long runs stay with the kernel (see sparse_attention.py).
 
 `paged_causal_attention` is the same computation in C++ (csrc/paged_attention.cpp): it reads K/V
 pages in place and keeps each page's scores in cache with an online softmax, instead of four
-elementwise passes over a score buffer of tile x sequence. It needs AVX-512F or AVX2 + FMA (its
-two variants; `NATIVE_ISAS` lists those this CPU runs, best first) and float32 or bfloat16 pages
-(vLLM's vec layout, or for bfloat16 its AMX tiles), computing in float32; the torch path here is
-the fallback and the reference.
+elementwise passes over a score buffer of tile x sequence. It needs AVX-512F or AVX2 + FMA and
+float32 or bfloat16 pages (vLLM's vec layout, or for bfloat16 its AMX tiles), computing in
+float32; on CPUs with AVX512-BF16 bfloat16 pages use bfloat16 dot products (`NATIVE_ISAS` lists
+the variants this CPU runs, best first). The torch path here is the fallback and the reference.
+`paged_attention_mass` reads the same pages for the query probe's attention mass
+(query_probe.attention_mass) on AVX-512 CPUs.
 """
 
 from __future__ import annotations
@@ -109,9 +111,11 @@ def tiled_causal_attention(
     return out.view(hk, n, g, d).transpose(0, 1).reshape(n, hq, d).to(q.dtype)
 
 
-# The native kernel's variants this CPU runs, best first: "avx512", "avx2".
+# The native kernel's variants this CPU runs, best first: "avx512_bf16" (bfloat16 pages with
+# bfloat16 dot products; float32 pages run "avx512"), "avx512", "avx2".
 NATIVE_ISAS = () if _native is None else tuple(
-    name for code in _native.isas() for name, value in (("avx512", _native.AVX512), ("avx2", _native.AVX2))
+    name for code in _native.isas()
+    for name, value in (("avx512_bf16", _native.AVX512_BF16), ("avx512", _native.AVX512), ("avx2", _native.AVX2))
     if code == value)
 
 # Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
@@ -136,9 +140,58 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     2 * P * D]`` as vLLM's CPU attention stores them: with ``page_format="vec"`` (float32 or
     bfloat16) each (page, head) holds K transposed ``[D, P]`` then V ``[P, D]``; with ``"amx"``
     (bfloat16) K then V in VNNI tiles (see csrc/paged_attention.cpp). ``page_table``: the
-    sequence's page ids in key order. GQA as in ``tiled_causal_attention``. Computes in float32;
-    returns ``[n, Hq, D]`` in ``q``'s dtype. ``isa``: one of `NATIVE_ISAS` (default: the first).
+    sequence's page ids in key order. GQA as in ``tiled_causal_attention``. Computes in float32
+    (the ``avx512_bf16`` variant, the default where the CPU has it, rounds the queries and the
+    softmax weights of bfloat16 pages to bfloat16); returns ``[n, Hq, D]`` in ``q``'s dtype.
+    ``isa``: one of `NATIVE_ISAS` (default: the first).
     """
+    _check_native_args(q, pages, page_format, "paged attention")
+    if isa is not None and isa not in NATIVE_ISAS:
+        raise ValueError(f"isa must be one of {NATIVE_ISAS} on this CPU, got {isa!r}")
+    q32, pos, table, needed = _native_inputs(q, q_pos, pages, page_table)
+    n, hq, d = q.shape
+    out = torch.empty_like(q32)
+    if n == 0:
+        return out.to(q.dtype)
+    hk, page_size = pages.shape[1], pages.shape[2] // (2 * d)
+    _native.paged_causal_attention(
+        q32.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), PAGE_FORMATS[(pages.dtype, page_format)],
+        pages.stride(0), pages.stride(1), table.data_ptr(), needed, hk, hq // hk, d, page_size, float(scale),
+        out.data_ptr(), DEFAULT_TILE if tile is None else tile, torch.get_num_threads(), _helper_cpus(),
+        0 if isa is None else getattr(_native, isa.upper()))
+    return out.to(q.dtype)
+
+
+def native_mass_supported(dtype: torch.dtype, head_dim: int, page_size: int, device: torch.device | str = "cpu",
+                          page_format: str = "vec") -> bool:
+    """Whether `paged_attention_mass` can run: `native_supported` and AVX-512F."""
+    return (native_supported(dtype, head_dim, page_size, device, page_format)
+            and hasattr(_native, "mass_supported") and bool(_native.mass_supported(head_dim, page_size)))
+
+
+def paged_attention_mass(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tensor, page_table: torch.Tensor,
+                         scale: float, page_format: str = "vec", weigh_by_values: bool = False) -> torch.Tensor:
+    """`query_probe.attention_mass` over one sequence's pages in place: the attention probability
+    each key ``0 .. q_pos[-1]`` receives from queries ``q`` (query ``i`` sees keys ``0 ..
+    q_pos[i]``), summed over queries and heads, each KV head's share times the key's V norm there
+    with `weigh_by_values`. ``[q_pos[-1] + 1]`` float32. Arguments as `paged_causal_attention`;
+    bfloat16 pages are scored with bfloat16 dot products where the CPU has them."""
+    _check_native_args(q, pages, page_format, "attention mass", mass=True)
+    q32, pos, table, needed = _native_inputs(q, q_pos, pages, page_table)
+    n, hq, d = q.shape
+    if n == 0:
+        return torch.zeros(0, dtype=torch.float32, device=q.device)
+    hk, page_size = pages.shape[1], pages.shape[2] // (2 * d)
+    per_head = torch.empty(hk, int(pos[-1]) + 1, dtype=torch.float32, device=q.device)
+    _native.paged_attention_mass(
+        q32.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), PAGE_FORMATS[(pages.dtype, page_format)],
+        pages.stride(0), pages.stride(1), table.data_ptr(), needed, hk, hq // hk, d, page_size, float(scale),
+        bool(weigh_by_values), per_head.data_ptr(), torch.get_num_threads(), _helper_cpus())
+    return per_head.sum(0)
+
+
+def _check_native_args(q: torch.Tensor, pages: torch.Tensor, page_format: str, what: str, mass: bool = False) -> None:
+    """Raises, naming the problem, unless the shapes fit and the native code runs them."""
     if q.dim() != 3 or pages.dim() != 3:
         raise ValueError(f"q must be [n, Hq, D] and pages [num_pages, Hk, 2*P*D]; got {tuple(q.shape)}, "
                          f"{tuple(pages.shape)}")
@@ -147,21 +200,26 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     if hq % hk or pages.shape[2] % (2 * d):
         raise ValueError(f"q {tuple(q.shape)} does not fit pages {tuple(pages.shape)}")
     page_size = pages.shape[2] // (2 * d)
-    if not native_supported(pages.dtype, d, page_size, pages.device, page_format) or q.device != pages.device:
-        raise RuntimeError(f"native paged attention unavailable for {page_format!r} pages of {pages.dtype}, "
-                           f"head_dim {d}, page size {page_size} (see native_supported)")
+    supported = native_mass_supported if mass else native_supported
+    if not supported(pages.dtype, d, page_size, pages.device, page_format) or q.device != pages.device:
+        raise RuntimeError(f"native {what} unavailable for {page_format!r} pages of {pages.dtype}, "
+                           f"head_dim {d}, page size {page_size} (see {supported.__name__})")
     if not pages.is_contiguous():
         raise ValueError("pages must be contiguous")
-    if isa is not None and isa not in NATIVE_ISAS:
-        raise ValueError(f"isa must be one of {NATIVE_ISAS} on this CPU, got {isa!r}")
+
+
+def _native_inputs(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tensor, page_table: torch.Tensor):
+    """float32 queries, positions and the page ids the positions need, checked: ``(q32, pos, table,
+    needed)``."""
+    n, _, d = q.shape
+    page_size = pages.shape[2] // (2 * d)
     q32 = q.to(torch.float32).contiguous()
     pos = q_pos.to(torch.long).contiguous()
     table = page_table.to(torch.long).contiguous()
     if pos.shape != (n,):
         raise ValueError(f"q_pos must be [{n}], got {tuple(q_pos.shape)}")
-    out = torch.empty_like(q32)
     if n == 0:
-        return out.to(q.dtype)
+        return q32, pos, table, 0
     if bool((pos[1:] < pos[:-1]).any()) or int(pos[0]) < 0:
         raise ValueError("q_pos must be sorted (non-decreasing) and non-negative")
     needed = int(pos[-1]) // page_size + 1
@@ -170,12 +228,7 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     table = table[:needed]
     if int(table.min()) < 0 or int(table.max()) >= pages.shape[0]:
         raise ValueError(f"page_table names pages outside [0, {pages.shape[0]})")
-    _native.paged_causal_attention(
-        q32.data_ptr(), pos.data_ptr(), n, pages.data_ptr(), PAGE_FORMATS[(pages.dtype, page_format)],
-        pages.stride(0), pages.stride(1), table.data_ptr(), needed, hk, hq // hk, d, page_size, float(scale),
-        out.data_ptr(), DEFAULT_TILE if tile is None else tile, torch.get_num_threads(), _helper_cpus(),
-        0 if isa is None else getattr(_native, isa.upper()))
-    return out.to(q.dtype)
+    return q32, pos, table, needed
 
 
 _HELPER_CPUS: dict[tuple[int, frozenset], list[int]] = {}

@@ -13,6 +13,7 @@ from ucm.integration.vllm.blend.lora_rows import LoraRows, within
 from ucm.integration.vllm.blend.rank_faults import RankFaults
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan, subset_attention, subset_metadata
 from ucm.sparse.blend.query_probe import attention_mass
+from ucm.sparse.blend.tiled_attention import native_mass_supported, paged_attention_mass
 from ucm.sparse.blend.runs import PseudoBatch, pseudo_request_metadata
 
 
@@ -131,9 +132,15 @@ def layer_attention_mass(b: BlendRows, cache, q, q_rows, scale, weigh_by_values:
         # Keys up to the request's last row (rows after its queries, such as the generated tokens of
         # a request prefilled again after a preemption, get no attention but keep the row count).
         pages = b.meta.block_table[req, :(int(positions[last - 1]) + block_size) // block_size].long()
-        k_t, v = b.layout.gather_pages_head_major(cache, pages, values=weigh_by_values)  # one copy each
-        req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale,
-                                  v=None if v is None else v.transpose(0, 1))
+        if native_mass_supported(cache.dtype, q.shape[-1], block_size, cache.device, b.layout.page_format):
+            # Keys up to the last query's position, read in place.
+            req_mass = paged_attention_mass(q[mine], q_pos, b.layout.pages(cache), pages, scale,
+                                            page_format=b.layout.page_format, weigh_by_values=weigh_by_values)
+        else:
+            k_t, v = b.layout.gather_pages_head_major(cache, pages, values=weigh_by_values)  # one copy each
+            req_mass = attention_mass(q[mine], k_t.permute(2, 0, 1), q_pos, scale,
+                                      v=None if v is None else v.transpose(0, 1))
         start = int(positions[first])
-        mass[first:last] = req_mass[start:start + last - first]
+        got = req_mass[start:start + last - first]  # keys past the last query's position: none
+        mass[first:first + got.numel()] = got
     return mass

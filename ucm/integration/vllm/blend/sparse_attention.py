@@ -1,11 +1,13 @@
 """Attention for a subset of a step's tokens (Blend's recomputed rows), on vLLM's CPU backend.
 
 Selected tokens sit at scattered positions and must attend exactly causally to their request's
-whole paged KV. Runs of at least `MIN_KERNEL_RUN` consecutive positions go to vLLM's own kernel,
-each as a pseudo-request (the kernel's bottom-right causal alignment makes that exact). Shorter
-runs, most of Blend's selection, are computed per request by a tiled attention
-(tiled_attention.py): natively over the pages in place where the CPU allows (float32 or bfloat16
-pages, AMX tiles included), otherwise in torch over a gathered copy. The kernel would re-read all K/V for every run of one or two tokens.
+whole paged KV. Where the CPU runs the native kernel (tiled_attention.py: float32 or bfloat16
+pages, AMX tiles included) it takes every row of a request, its runs too: per row it is faster than
+vLLM's CPU kernel on the question's and the misses' runs as well (docs/research.md). Otherwise the
+rows are tiled in torch over a gathered copy of the pages, and runs of at least `MIN_KERNEL_RUN`
+consecutive positions go to vLLM's own kernel, each as a pseudo-request (the kernel's bottom-right
+causal alignment makes that exact); that kernel would re-read all K/V for every run of one or two
+tokens.
 
 `subset_attention` installs `SubsetAttentionImpl` in front of each layer's vLLM impl for the
 duration of a subset pass; it handles `SubsetAttentionMetadata` and delegates everything else
@@ -28,9 +30,11 @@ from ucm.sparse.blend.runs import PseudoBatch
 from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
                                                tiled_causal_attention)
 
-# Runs this long or longer go to vLLM's kernel, whose cost per query falls with the run length;
-# shorter runs are tiled. Set to 0 to send every run to the kernel.
+# Where the torch tiles would take them, runs this long or longer go to vLLM's kernel, whose cost
+# per query falls with the run length; shorter runs are tiled. Set to 0 to send every run to the
+# kernel. `MIN_KERNEL_RUN_NATIVE` is the same where the native kernel tiles (None: it takes all).
 MIN_KERNEL_RUN = 16
+MIN_KERNEL_RUN_NATIVE: int | None = None
 
 
 @dataclass
@@ -63,8 +67,11 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
             "Run without ucm_sparse_config.Blend (prefix offload still works) or on the CPU build."
         )
     run_len = (pseudo.query_start_loc[1:] - pseudo.query_start_loc[:-1]).long()
-    long_run = run_len >= MIN_KERNEL_RUN
-    if not _can_tile(attn_layer.impl) or bool(long_run.all()):
+    native = native_supported(dtype, attn_layer.head_size, layout.kernel_block_size, slot_mapping.device,
+                              layout.page_format)
+    threshold = MIN_KERNEL_RUN_NATIVE if native else MIN_KERNEL_RUN
+    long_run = run_len >= threshold if threshold is not None else torch.zeros_like(run_len, dtype=torch.bool)
+    if not _can_tile(attn_layer.impl, threshold) or bool(long_run.all()):
         rows = torch.arange(pseudo.num_tokens, device=slot_mapping.device)
         return SubsetAttentionMetadata(pseudo.num_tokens, slot_mapping,
                                        _cpu_kernel_metadata(meta, pseudo, attn_layer, dtype), rows, [])
@@ -75,7 +82,6 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
     row_request = torch.repeat_interleave(pseudo.run_request, run_len)
     group = attn_layer.num_heads // attn_layer.num_kv_heads
     kernel_block_size = layout.kernel_block_size
-    native = native_supported(dtype, attn_layer.head_size, kernel_block_size, slot_mapping.device, layout.page_format)
     tiled = []
     for req in torch.unique(row_request[~row_long]).tolist():
         rows = ((row_request == req) & ~row_long).nonzero().flatten()
@@ -188,9 +194,9 @@ def subset_attention(attn_layers, layout, shift: KVShiftPlan | None = None, faul
             layer.impl = impl
 
 
-def _can_tile(impl) -> bool:
+def _can_tile(impl, threshold: int | None) -> bool:
     """The tiled path is plain softmax attention: no window, ALiBi, soft cap or sinks."""
-    return (MIN_KERNEL_RUN > 0 and getattr(impl, "sliding_window", -1) in (-1, None)
+    return ((threshold is None or threshold > 0) and getattr(impl, "sliding_window", -1) in (-1, None)
             and getattr(impl, "alibi_slopes", None) is None and not getattr(impl, "logits_soft_cap", 0)
             and getattr(impl, "sinks", None) is None)
 

@@ -6,7 +6,7 @@ request's whole K/V for every short run and multiplies it with a handful of quer
 sorted queries are cut into tiles; each tile is one GEMM against the keys up to its last
 position, and only the causal tail of the tile (keys between its first and last query) is
 masked: faster than vLLM's CPU kernel on short runs, whose per-run setup dominates (docs/research.md).
-Long runs stay with the kernel (see sparse_attention.py).
+Beside these torch tiles long runs stay with that kernel (see sparse_attention.py).
 
 `paged_causal_attention` is the same computation in C++ (csrc/paged_attention.cpp): it reads K/V
 pages in place and keeps each page's scores in cache with an online softmax, instead of four

@@ -1,13 +1,13 @@
 """Attention for a subset of a step's tokens (Blend's recomputed rows), on vLLM's CPU backend.
 
 Selected tokens sit at scattered positions and must attend exactly causally to their request's
-whole paged KV. Where the CPU runs the native kernel (tiled_attention.py: float32 or bfloat16
-pages, AMX tiles included) it takes every row of a request, its runs too: per row it is faster than
-vLLM's CPU kernel on the question's and the misses' runs as well (docs/research.md). Otherwise the
-rows are tiled in torch over a gathered copy of the pages, and runs of at least `MIN_KERNEL_RUN`
-consecutive positions go to vLLM's own kernel, each as a pseudo-request (the kernel's bottom-right
-causal alignment makes that exact); that kernel would re-read all K/V for every run of one or two
-tokens.
+whole paged KV. Where the CPU runs the native kernel's AVX-512 variants (tiled_attention.py: float32
+or bfloat16 pages, AMX tiles included) it takes every row of a request, its runs too: per row it is
+faster than vLLM's CPU kernel on the question's and the misses' runs as well (docs/research.md).
+Otherwise (the AVX2 variant, not measured against vLLM's kernel on long runs, or the torch tiles
+over a gathered copy of the pages) runs of at least `MIN_KERNEL_RUN` consecutive positions go to
+vLLM's own kernel, each as a pseudo-request (the kernel's bottom-right causal alignment makes that
+exact); that kernel would re-read all K/V for every run of one or two tokens.
 
 `subset_attention` installs `SubsetAttentionImpl` in front of each layer's vLLM impl for the
 duration of a subset pass; it handles `SubsetAttentionMetadata` and delegates everything else
@@ -27,12 +27,12 @@ from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts
 from ucm.sparse.blend.rope import Rotation
 from ucm.sparse.blend.runs import PseudoBatch
-from ucm.sparse.blend.tiled_attention import (TilePlan, native_supported, paged_causal_attention,
+from ucm.sparse.blend.tiled_attention import (NATIVE_ISAS, TilePlan, native_supported, paged_causal_attention,
                                                tiled_causal_attention)
 
-# Where the torch tiles would take them, runs this long or longer go to vLLM's kernel, whose cost
-# per query falls with the run length; shorter runs are tiled. Set to 0 to send every run to the
-# kernel. `MIN_KERNEL_RUN_NATIVE` is the same where the native kernel tiles (None: it takes all).
+# Runs this long or longer go to vLLM's kernel, whose cost per query falls with the run length;
+# shorter runs are tiled. Set to 0 to send every run to the kernel. `MIN_KERNEL_RUN_NATIVE` is the
+# same where the native kernel's AVX-512 variants tile (None: they take every run).
 MIN_KERNEL_RUN = 16
 MIN_KERNEL_RUN_NATIVE: int | None = None
 
@@ -69,7 +69,7 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
     run_len = (pseudo.query_start_loc[1:] - pseudo.query_start_loc[:-1]).long()
     native = native_supported(dtype, attn_layer.head_size, layout.kernel_block_size, slot_mapping.device,
                               layout.page_format)
-    threshold = MIN_KERNEL_RUN_NATIVE if native else MIN_KERNEL_RUN
+    threshold = MIN_KERNEL_RUN_NATIVE if native and NATIVE_ISAS[0].startswith("avx512") else MIN_KERNEL_RUN
     long_run = run_len >= threshold if threshold is not None else torch.zeros_like(run_len, dtype=torch.bool)
     if not _can_tile(attn_layer.impl, threshold) or bool(long_run.all()):
         rows = torch.arange(pseudo.num_tokens, device=slot_mapping.device)

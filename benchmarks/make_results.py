@@ -82,6 +82,13 @@ _KERNEL = (f"{_Q} --dtype bfloat16 --num-questions 6 --sweep --ratios 0.15 --sel
            "--max-tokens 4 --no-plot --enforce-eager")
 _KERNEL_HOST = "SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, an AMD EPYC host with AVX-512-BF16"
 QUALITY_RUNS = [
+    ("qwen15_musique8_shift1.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-7 (~6k tokens), the default "
+     "kv_shift (0.5) against the whole chunk mean (1.0), the committed rule at 0.15, with the attention kernels of "
+     "2026-11-29 (dot products, every run native), bfloat16, eager (other runs and tests shared the cores: TTFTs "
+     "rough; a nineteenth session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 8 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query --plus-kv-shift 1.0 --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen15_musique8_shift1.json"),
     ("kernel_dot_runs_mass_miss3_musique6_bf16.json", f"{_KERNEL_HOST}, 3 of 10 passages missed: the attention as "
      "committed (bfloat16 dot products, every run of rows native, the probe's mass read in place; 2026-11-29, a "
      "nineteenth session)", f"{_KERNEL} --chunk-store alone --miss-passages 3 "
@@ -469,6 +476,11 @@ def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
+    ("kv_shift 1.0 against the default 0.5, Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, bfloat16",
+     "qwen15_musique8_shift1.json", "qwen15_musique8_shift1.json", [("blend 0.15", "blend 0.15 +shift")]),
+    ("The attention kernels of 2026-11-29 (dot products, every run native) against those before, "
+     "Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, bfloat16 (other hosts and loads: answers and KL only)",
+     "qwen15_musique16_shares.json", "qwen15_musique8_shift1.json", [("blend 0.15", "blend 0.15")]),
     ("The native kernel with bfloat16 dot products against widening to float32, SmolLM2, MuSiQue, 6 questions, "
      "bfloat16", "kernel_widen_musique6_bf16.json", "kernel_dot_musique6_bf16.json", [("blend 0.15", "blend 0.15")]),
     ("Every run of rows native (and the probe's mass read in place) against runs of 16 or more to vLLM's kernel, "

@@ -547,10 +547,15 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
-HEADLINE_SERVE = "serve_bench_c4_compiled_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
+HEADLINE_SERVE = "serve_bench_c4_native_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_native_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server compiled, with "
+     "Blend's attention of 2026-11-29 (bfloat16 dot products, every run of rows native), on the AMD EPYC host of the "
+     "run below, nothing else running (a nineteenth session)",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_native_bf16.json"),
     ("serve_bench_c4_after_split.json", "Issue 55's check, after the split: the replay at concurrency 4 from the commit "
      "that split the scheduler side (3fccdfb, after the forward's phases 35ea0d3), float32 as that code's "
      "benchmarks ran, right after the run before the split (serve_bench_c4_before_split.json, a11829a); same host, "

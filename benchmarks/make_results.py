@@ -599,6 +599,16 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_native_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 4, bfloat16, "
+     "both servers compiled, the README's config at ratio 0.15, with Blend's attention of 2026-11-29 (bfloat16 dot "
+     "products, every run of rows native); Blend, then plain vLLM right after (rag_traffic_zipf48_c4_plain_bf16.json), "
+     "nothing else running, on the AMD EPYC host of the run below (a nineteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --servers blend "
+     "--no-plot --out benchmarks/results/rag_traffic_zipf48_c4_native_bf16.json", "rag_traffic_zipf48_c4_plain_bf16.json"),
+    ("rag_traffic_zipf48_c4_plain_bf16.json", "Plain vLLM alone on the Zipf stream at concurrency 4, compiled, right after "
+     "the Blend run above (a nineteenth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --servers plain "
+     "--no-plot --out benchmarks/results/rag_traffic_zipf48_c4_plain_bf16.json", None),
     ("rag_traffic_24_after_split.json", "Issue 55's check, after the split: the Zipf stream, 24 requests at concurrency "
      "2, Blend alone, from the commit that split the scheduler side (3fccdfb), float32 as that code's benchmarks ran, "
      "right after the run before the split (rag_traffic_24_before_split.json, a11829a); same host, nothing else running",
@@ -943,7 +953,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c2_compiled_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_native_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_compiled_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)

@@ -1002,9 +1002,13 @@ LATEST = [
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
+    ("Serving replay: passages indexed, then asked in another order, compiled, the attention of 2026-11-29",
+     "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, compiled, the attention of 2026-11-29",
+     "rag_traffic_zipf48_c4_native_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, compiled", "rag_traffic_zipf48_c4_compiled_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, eager", "rag_traffic_zipf48_c2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
@@ -1021,6 +1025,7 @@ LATEST = [
     ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
+    ("Where a Blend step's time goes with the attention of 2026-11-29 (profile)", "profile_blend_step_native_bf16.json"),
     ("Where a Blend step's time goes (profile)", "profile_blend_step_bf16.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
     ("Where Blend pays: one request, k of 10 passages cached (Qwen2.5-Coder-0.5B-Instruct)", "qwen05_hit_threshold.json"),
@@ -1028,6 +1033,12 @@ LATEST = [
     ("Store under faults", "store_faults.json"),
 ]
 PROFILE_RUNS = [
+    ("profile_blend_step_native_bf16.json", "Where a Blend step's time goes with Blend's attention of 2026-11-29 (bfloat16 "
+     "dot products; every run of rows native, so \"native kernel (scattered rows)\" holds the runs too): the same "
+     "command and host as the profile below (a nineteenth session; py-spy at 50 Hz)",
+     "python benchmarks/profile_stream.py --rate 50 --script blend_bench.py --out "
+     "benchmarks/results/profile_blend_step_native_bf16.json -- --dtype bfloat16 --num-questions 4 --sweep --ratios "
+     "0.15 --selections query --max-tokens 1 --enforce-eager"),
     ("profile_fresh_blend.json", "Where a Blend server's engine core and worker spend their time on a stream without reuse",
      "python benchmarks/profile_stream.py --out benchmarks/results/profile_fresh_blend.json -- --fresh --servers blend "
      "--num-requests 10 --warmup 1 --concurrency 2"),

@@ -112,6 +112,17 @@ UCM_AVX512 static inline void load_pair(const uint16_t* p, __m512& even, __m512&
   odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
+// The first min(n, 16) lanes.
+static inline __mmask16 lanes(int n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+
+// The largest of s[0:valid] (valid > 0).
+UCM_AVX512 static inline float row_max(const float* s, int valid) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mx = neg_inf;
+  for (int j = 0; j < valid; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, lanes(valid - j), s + j));
+  return _mm512_reduce_max_ps(mx);
+}
+
 // s[r, 0:32] = q[r, :] . K[c0:c0+32, :] for 12 rows, K of one (page, head); ps = page size.
 template <int D, int Fmt, typename T>
 UCM_AVX512 static inline void qk_12x32(const float* q, const T* kt, int ps, int c0, float* s, int lds) {
@@ -348,6 +359,28 @@ static void write_out(const Problem& pb, int h, int64_t t0, int rows, const Scra
   }
 }
 
+// The queries of `fill_queries` for the AVX-512 drivers; `Dot` (the dot variant) leaves them
+// unscaled, so a bfloat16 model's queries round to bfloat16 exactly (its kernels scale the scores),
+// and packs them in bfloat16 pairs.
+template <int D, bool Dot>
+static void load_queries(const Problem& pb, int h, int64_t t0, int rows, int R, int lds, Scratch& w) {
+  fill_queries<D>(pb, h, t0, rows, R, lds, Dot ? 1.0f : pb.scale, w);
+  if constexpr (Dot) dot::pack_queries(w.q.data(), R, D, w.qp);
+}
+
+// Scores of rows [r_from, R) over the keys [0, kpad) of one (page, head) `kt` into w.s (row stride
+// page_size).
+template <int D, int Fmt, typename T, bool Dot>
+UCM_AVX512 static void page_scores(const Problem& pb, const T* kt, int kpad, int r_from, int R, Scratch& w) {
+  const int ps = pb.page_size;
+  for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
+    for (int r0 = r_from; r0 < R; r0 += kQkRows)
+      if constexpr (Dot)
+        dot::qk_12x32<D, Fmt>(w.qp.data() + r0 * D / 2, kt, ps, c0, pb.scale, w.s.data() + r0 * ps + c0, ps);
+      else
+        qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * ps + c0, ps);
+}
+
 // One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
 // `Dot`: bfloat16 pages through the dot variant's micro-kernels (called, not inlined: they need
 // AVX512-BF16, this driver only AVX-512F).
@@ -358,17 +391,11 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
   const int rows = static_cast<int>(t1 - t0) * g;
   const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
   const int lds = ps;
-  // The dot variant scales the scores, not the queries: a bfloat16 model's queries then round to
-  // bfloat16 exactly.
-  fill_queries<D>(pb, h, t0, rows, R, lds, Dot ? 1.0f : pb.scale, w);
-  if constexpr (Dot) {
-    dot::pack_queries(w.q.data(), R, D, w.qp);
-    w.p.resize(static_cast<size_t>(R) * lds);
-  }
+  load_queries<D, Dot>(pb, h, t0, rows, R, lds, w);
+  if constexpr (Dot) w.p.resize(static_cast<size_t>(R) * lds);
   const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
   const int64_t npages = last / ps + 1;
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t p = 0; p < npages; ++p) {
     const T* kt = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
     const T* v = kt + static_cast<int64_t>(D) * ps;
@@ -380,12 +407,7 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
     if (base > first)
       while (r_live < R && w.pos[r_live] < base) ++r_live;
     r_live = r_live / kQkRows * kQkRows;
-    for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
-      for (int r0 = r_live; r0 < R; r0 += kQkRows)
-        if constexpr (Dot)
-          dot::qk_12x32<D, Fmt>(w.qp.data() + r0 * D / 2, kt, ps, c0, pb.scale, w.s.data() + r0 * lds + c0, lds);
-        else
-          qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * lds + c0, lds);
+    page_scores<D, Fmt, T, Dot>(pb, kt, kpad, r_live, R, w);
     for (int r = r_live; r < R; ++r) {
       float* srow = w.s.data() + r * lds;
       const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
@@ -393,12 +415,7 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
         std::memset(srow, 0, sizeof(float) * kend);
         continue;
       }
-      __m512 mx = neg_inf;
-      for (int j = 0; j < valid; j += 16) {
-        const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, k, srow + j));
-      }
-      const float m_new = std::max(w.m[r], _mm512_reduce_max_ps(mx));
+      const float m_new = std::max(w.m[r], row_max(srow, valid));
       const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
       const __m512 mv = _mm512_set1_ps(m_new);
       __m512 sum = _mm512_setzero_ps();
@@ -440,20 +457,13 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
 
 constexpr int kMassPages = 8;  // pages per work item
 
-// Scores of rows [0, R) over page p's keys into w.s (K of KV head h); returns the keys any row sees.
+// Scores of every row over page p's keys into w.s (K of KV head h); returns the keys any row sees.
 template <int D, int Fmt, typename T, bool Dot>
-UCM_AVX512 static int page_scores(const Problem& pb, int h, int64_t p, int R, Scratch& w) {
+static int mass_page_scores(const Problem& pb, int h, int64_t p, int R, Scratch& w) {
   const int ps = pb.page_size;
   const T* kt = static_cast<const T*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
-  const int64_t base = p * ps;
-  const int kend = static_cast<int>(std::min<int64_t>(ps, pb.pos[pb.n - 1] + 1 - base));
-  const int kpad = (kend + kQkKeys - 1) / kQkKeys * kQkKeys;
-  for (int c0 = 0; c0 < kpad; c0 += kQkKeys)
-    for (int r0 = 0; r0 < R; r0 += kQkRows)
-      if constexpr (Dot)
-        dot::qk_12x32<D, Fmt>(w.qp.data() + r0 * D / 2, kt, ps, c0, pb.scale, w.s.data() + r0 * ps + c0, ps);
-      else
-        qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * ps + c0, ps);
+  const int kend = static_cast<int>(std::min<int64_t>(ps, pb.pos[pb.n - 1] + 1 - p * ps));
+  page_scores<D, Fmt, T, Dot>(pb, kt, (kend + kQkKeys - 1) / kQkKeys * kQkKeys, 0, R, w);
   return kend;
 }
 
@@ -462,8 +472,7 @@ template <int D, bool Dot>
 static int mass_rows(const Problem& pb, int h, Scratch& w) {
   const int rows = static_cast<int>(pb.n) * pb.group;
   const int R = (rows + kQkRows - 1) / kQkRows * kQkRows;
-  fill_queries<D>(pb, h, 0, rows, R, pb.page_size, Dot ? 1.0f : pb.scale, w);
-  if constexpr (Dot) dot::pack_queries(w.q.data(), R, D, w.qp);
+  load_queries<D, Dot>(pb, h, 0, rows, R, pb.page_size, w);
   return R;
 }
 
@@ -497,17 +506,11 @@ UCM_AVX512 static void v_norms(const T* v, int ps, int kend, float* out) {
 // Folds scores s[0:valid] into a row's running max `m` and sum of exp(s - m) `l`.
 UCM_AVX512 static void fold_row(const float* s, int valid, float& m, float& l) {
   if (valid <= 0) return;
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 mx = neg_inf;
-  for (int j = 0; j < valid; j += 16) {
-    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
-    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, k, s + j));
-  }
-  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  const float m_new = std::max(m, row_max(s, valid));
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
   for (int j = 0; j < valid; j += 16) {
-    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+    const __mmask16 k = lanes(valid - j);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv))));
   }
   l = l * std::exp(m - m_new) + _mm512_reduce_add_ps(sum);  // exp(-inf) = 0 on the first keys seen
@@ -518,7 +521,7 @@ UCM_AVX512 static void fold_row(const float* s, int valid, float& m, float& l) {
 UCM_AVX512 static void add_probs(const float* s, int valid, float m, float inv, float* col) {
   const __m512 mv = _mm512_set1_ps(m), iv = _mm512_set1_ps(inv);
   for (int j = 0; j < valid; j += 16) {
-    const __mmask16 k = valid - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (valid - j)) - 1);
+    const __mmask16 k = lanes(valid - j);
     const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
     _mm512_mask_storeu_ps(col + j, k, _mm512_fmadd_ps(e, iv, _mm512_maskz_loadu_ps(k, col + j)));
   }
@@ -547,7 +550,7 @@ static void run_mass(const Problem& pb, bool weigh, float* mass, int num_threads
     float* m = seg_m.data() + i * rows;
     float* l = seg_l.data() + i * rows;
     for (int64_t p = seg * kMassPages; p < std::min(npages, (seg + 1) * kMassPages); ++p) {
-      const int kend = page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
+      const int kend = mass_page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
       for (int r = 0; r < rows; ++r) {
         const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - p * ps, 0, kend));
         fold_row(w.s.data() + r * ps, valid, m[r], l[r]);
@@ -575,7 +578,7 @@ static void run_mass(const Problem& pb, bool weigh, float* mass, int num_threads
     w.s.resize(static_cast<size_t>(R) * ps);
     w.o.assign(2 * static_cast<size_t>(ps), 0.0f);  // column sums, then V norms
     for (int64_t p = seg * kMassPages; p < std::min(npages, (seg + 1) * kMassPages); ++p) {
-      const int kend = page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
+      const int kend = mass_page_scores<D, Fmt, T, Dot>(pb, h, p, R, w);
       float* col = w.o.data();
       std::fill(col, col + kend, 0.0f);
       for (int r = 0; r < rows; ++r) {

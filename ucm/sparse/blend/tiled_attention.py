@@ -145,7 +145,7 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     softmax weights of bfloat16 pages to bfloat16); returns ``[n, Hq, D]`` in ``q``'s dtype.
     ``isa``: one of `NATIVE_ISAS` (default: the first).
     """
-    _check_native_args(q, pages, page_format, "paged attention")
+    _check_native_args(q, pages, page_format, "paged attention", native_supported)
     if isa is not None and isa not in NATIVE_ISAS:
         raise ValueError(f"isa must be one of {NATIVE_ISAS} on this CPU, got {isa!r}")
     q32, pos, table, needed = _native_inputs(q, q_pos, pages, page_table)
@@ -176,7 +176,7 @@ def paged_attention_mass(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tens
     q_pos[i]``), summed over queries and heads, each KV head's share times the key's V norm there
     with `weigh_by_values`. ``[q_pos[-1] + 1]`` float32. Arguments as `paged_causal_attention`;
     bfloat16 pages are scored with bfloat16 dot products where the CPU has them."""
-    _check_native_args(q, pages, page_format, "attention mass", mass=True)
+    _check_native_args(q, pages, page_format, "attention mass", native_mass_supported)
     q32, pos, table, needed = _native_inputs(q, q_pos, pages, page_table)
     n, hq, d = q.shape
     if n == 0:
@@ -190,8 +190,8 @@ def paged_attention_mass(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Tens
     return per_head.sum(0)
 
 
-def _check_native_args(q: torch.Tensor, pages: torch.Tensor, page_format: str, what: str, mass: bool = False) -> None:
-    """Raises, naming the problem, unless the shapes fit and the native code runs them."""
+def _check_native_args(q: torch.Tensor, pages: torch.Tensor, page_format: str, what: str, supported) -> None:
+    """Raises, naming the problem, unless the shapes fit and `supported` (the entry point's check) holds."""
     if q.dim() != 3 or pages.dim() != 3:
         raise ValueError(f"q must be [n, Hq, D] and pages [num_pages, Hk, 2*P*D]; got {tuple(q.shape)}, "
                          f"{tuple(pages.shape)}")
@@ -200,7 +200,6 @@ def _check_native_args(q: torch.Tensor, pages: torch.Tensor, page_format: str, w
     if hq % hk or pages.shape[2] % (2 * d):
         raise ValueError(f"q {tuple(q.shape)} does not fit pages {tuple(pages.shape)}")
     page_size = pages.shape[2] // (2 * d)
-    supported = native_mass_supported if mass else native_supported
     if not supported(pages.dtype, d, page_size, pages.device, page_format) or q.device != pages.device:
         raise RuntimeError(f"native {what} unavailable for {page_format!r} pages of {pages.dtype}, "
                            f"head_dim {d}, page size {page_size} (see {supported.__name__})")

@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--misses", type=float, default=0.25, help="share of the prompt without loaded KV (runs)")
     p.add_argument("--page-size", type=int, default=128, help="vLLM's CPU block size")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="pages' and queries' dtype")
+    p.add_argument("--layout", choices=("vec", "amx"), default="vec",
+                   help="bfloat16 pages' layout: vLLM's vec16 or, as vLLM packs them on CPUs with AMX, its VNNI tiles")
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--group", type=int, default=3, help="query heads per KV head")
     p.add_argument("--head-size", type=int, default=64)
@@ -65,7 +67,9 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(0)
     num_pages = math.ceil(args.keys / ps)
     cache = torch.randn(num_pages + 4, hk, ps, 2 * d, generator=gen).to(dtype)  # vLLM's CPU cache pages
-    layout = CpuKVLayout(ps, hk, d, isa="vec" if dtype == torch.float32 else "vec16")
+    if args.layout == "amx" and dtype != torch.bfloat16:
+        raise SystemExit("--layout amx needs --dtype bfloat16")
+    layout = CpuKVLayout(ps, hk, d, isa="vec" if dtype == torch.float32 else "vec16" if args.layout == "vec" else "amx")
     table = torch.randperm(num_pages + 4, generator=gen)[:num_pages]
     pos = rows(args.keys, args.recomputed, args.misses, gen)
     q = torch.randn(pos.numel(), hk * group, d, generator=gen).to(dtype)
@@ -77,10 +81,12 @@ def main(argv=None) -> dict:
 
     paths = {"torch": torch_path}
     for isa in NATIVE_ISAS:
-        paths[isa] = lambda isa=isa: paged_causal_attention(q, pos, layout.pages(cache), table, scale, isa=isa)
+        paths[isa] = lambda isa=isa: paged_causal_attention(q, pos, layout.pages(cache), table, scale,
+                                                                         page_format=layout.page_format, isa=isa)
     reference = torch_path()
     result = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
               "keys": args.keys, "rows": pos.numel(), "page_size": ps, "dtype": args.dtype,
+              "layout": layout.page_format,
               "geometry": {"kv_heads": hk, "group": group, "head_size": d}, "seconds": {}, "max_abs_diff": {}}
     for name, fn in paths.items():
         fn()  # warm-up

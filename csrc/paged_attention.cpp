@@ -47,10 +47,14 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define UCM_AVX512 __attribute__((target("avx512f")))
 #define UCM_AVX2 __attribute__((target("avx2,fma")))
 #define UCM_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define UCM_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 #endif
 
 namespace py = pybind11;
@@ -58,7 +62,7 @@ namespace py = pybind11;
 namespace ucm_attn {
 
 enum PageFormat { kF32 = 0, kBF16 = 1, kBF16Amx = 2 };
-enum Isa { kBest = 0, kAvx512 = 1, kAvx2 = 2, kAvx512Bf16 = 3 };
+enum Isa { kBest = 0, kAvx512 = 1, kAvx2 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
 struct Problem {
   const float* q;        // [n, hk * group, D], contiguous
@@ -299,11 +303,13 @@ UCM_AVX512BF16 static void pv_block(const uint16_t* p, int ldp, const uint16_t* 
   }
 }
 
-// p16[r, 0:ceil16(kend)] = bfloat16 of s[r, 0:kend], zero past kend, for rows [r0, r1).
-UCM_AVX512BF16 static void round_rows(const float* s, int lds, uint16_t* p16, int ldp, int r0, int r1, int kend) {
+// p16[r, 0:kpad] = bfloat16 of s[r, 0:kend], zero past kend, for rows [r0, r1); kpad: a multiple
+// of 16 at or past kend.
+UCM_AVX512BF16 static void round_rows(const float* s, int lds, uint16_t* p16, int ldp, int r0, int r1, int kend,
+                                      int kpad) {
   for (int r = r0; r < r1; ++r)
-    for (int j = 0; j < kend; j += 16) {
-      const int lim = std::min(16, kend - j);
+    for (int j = 0; j < kpad; j += 16) {
+      const int lim = std::clamp(kend - j, 0, 16);
       const __m512 x = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << lim) - 1), s + r * lds + j);
       const __m256bh y = _mm512_cvtneps_pbh(x);
       std::memcpy(p16 + r * ldp + j, &y, sizeof(y));
@@ -317,6 +323,8 @@ struct Scratch {
   std::vector<int64_t> pos;
   std::vector<uint32_t> qp;  // the dot variant's bfloat16 query pairs
   std::vector<uint16_t> p;   // and its bfloat16 softmax weights
+  std::vector<uint16_t> qb;  // the AMX variant's bfloat16 queries, row-major
+  std::vector<uint16_t> vt;  // and V's last pairs of keys of a page, past the keys seen zeroed
 };
 
 // Sizes the scratch for R rows (query, head in group) of KV head h and copies the queries
@@ -381,6 +389,40 @@ UCM_AVX512 static void page_scores(const Problem& pb, const T* kt, int kpad, int
         qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * ps + c0, ps);
 }
 
+// The online softmax over one page's scores w.s (keys [base, base + kend)) for rows [r_from, R):
+// each row's visible scores become their exp against the running max, the rest 0; the running max
+// and denominator advance and the rows' outputs are rescaled.
+template <int D>
+UCM_AVX512 static void softmax_page(Scratch& w, int r_from, int R, int lds, int64_t base, int kend) {
+  for (int r = r_from; r < R; ++r) {
+    float* srow = w.s.data() + r * lds;
+    const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
+    if (valid == 0) {
+      std::memset(srow, 0, sizeof(float) * kend);
+      continue;
+    }
+    const float m_new = std::max(w.m[r], row_max(srow, valid));
+    const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < kend; j += 16) {
+      const int lim = std::min(16, kend - j);
+      const int vis = std::clamp(valid - j, 0, lim);
+      const __mmask16 kv = static_cast<__mmask16>((1u << vis) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(kv, exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + j), mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(srow + j, static_cast<__mmask16>((1u << lim) - 1), e);
+    }
+    w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
+    w.m[r] = m_new;
+    if (alpha != 1.0f) {
+      float* orow = w.o.data() + r * D;
+      const __m512 av = _mm512_set1_ps(alpha);
+      for (int d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
+    }
+  }
+}
+
 // One KV head, queries [t0, t1): rows are (query, head in group), padded to a multiple of 12.
 // `Dot`: bfloat16 pages through the dot variant's micro-kernels (called, not inlined: they need
 // AVX512-BF16, this driver only AVX-512F).
@@ -408,35 +450,9 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
       while (r_live < R && w.pos[r_live] < base) ++r_live;
     r_live = r_live / kQkRows * kQkRows;
     page_scores<D, Fmt, T, Dot>(pb, kt, kpad, r_live, R, w);
-    for (int r = r_live; r < R; ++r) {
-      float* srow = w.s.data() + r * lds;
-      const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
-      if (valid == 0) {
-        std::memset(srow, 0, sizeof(float) * kend);
-        continue;
-      }
-      const float m_new = std::max(w.m[r], row_max(srow, valid));
-      const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
-      const __m512 mv = _mm512_set1_ps(m_new);
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < kend; j += 16) {
-        const int lim = std::min(16, kend - j);
-        const int vis = std::clamp(valid - j, 0, lim);
-        const __mmask16 kv = static_cast<__mmask16>((1u << vis) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(kv, exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + j), mv)));
-        sum = _mm512_add_ps(sum, e);
-        _mm512_mask_storeu_ps(srow + j, static_cast<__mmask16>((1u << lim) - 1), e);
-      }
-      w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
-      w.m[r] = m_new;
-      if (alpha != 1.0f) {
-        float* orow = w.o.data() + r * D;
-        const __m512 av = _mm512_set1_ps(alpha);
-        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
-      }
-    }
+    softmax_page<D>(w, r_live, R, lds, base, kend);
     if constexpr (Dot) {
-      dot::round_rows(w.s.data(), lds, w.p.data(), lds, r_live, R, kend);
+      dot::round_rows(w.s.data(), lds, w.p.data(), lds, r_live, R, kend, (kend + 15) / 16 * 16);
       for (int r0 = r_live; r0 < R; r0 += dot::kPvRows)
         dot::pv_block<D, Fmt>(w.p.data() + r0 * lds, lds, v, ps, kend, w.o.data() + r0 * D);
     } else {
@@ -446,6 +462,159 @@ UCM_AVX512 static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1
   }
   write_out<D>(pb, h, t0, rows, w, Dot && Fmt == kBF16);
 }
+
+// ---- AMX: bfloat16 AMX pages through tile matrix multiplies ---------------------------------
+// vLLM packs bfloat16 pages for AMX as the B operand of TDPBF16PS wants them: a K tile of 16 keys
+// holds dims (d, d + 1) pairs per 64-byte row, a V tile 16 dims of keys (t, t + 1) pairs. So Q.K
+// is A = 16 query rows x 32 dims, B = one such K tile, C = 16 x 16 scores; P.V is A = 16 rows x 32
+// softmax weights, B = a V tile, C = 16 rows x 16 output dims. Queries and weights are rounded to
+// bfloat16 as in the dot variant; the online softmax is the AVX-512 one. V slots past the keys
+// any row sees are not read into a product (unwritten slots may hold NaN, and 0 * NaN is NaN).
+namespace amx {
+
+constexpr int kRows = 16;  // rows of every tile
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every tile 16 rows of 64 bytes: tiles 0-3 accumulate (C), 4 holds A, 5-7 hold B.
+UCM_AMX static void configure() {
+  TileConfig c;
+  for (int i = 0; i < 8; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = kRows;
+  }
+  _tile_loadconfig(&c);
+}
+
+// s[r, 0:kpad] = q[r, :] . K[0:kpad, :] for rows [r_from, R) (both multiples of 16; kpad too),
+// q bfloat16 row-major [R, D], K of one (page, head) in AMX tiles. Not scaled.
+template <int D>
+UCM_AMX static void page_scores(const uint16_t* q, const uint16_t* kt, int kpad, int r_from, int R, float* s,
+                                int lds) {
+  for (int r0 = r_from; r0 < R; r0 += kRows)
+    for (int c0 = 0; c0 < kpad; c0 += 4 * 16) {
+      const int nb = std::min(4, (kpad - c0) / 16);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      const uint16_t* k = kt + static_cast<int64_t>(c0 / 16) * 16 * D;  // 16 keys: D / 2 rows of pairs
+      for (int dc = 0; dc < D / 32; ++dc) {
+        _tile_loadd(4, q + r0 * D + dc * 32, D * 2);
+        const uint16_t* b = k + dc * 16 * 32;
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nb > 1) {
+          _tile_loadd(6, b + 16 * D, 64);
+          _tile_dpbf16ps(1, 4, 6);
+        }
+        if (nb > 2) {
+          _tile_loadd(7, b + 32 * D, 64);
+          _tile_dpbf16ps(2, 4, 7);
+        }
+        if (nb > 3) {
+          _tile_loadd(5, b + 48 * D, 64);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+      }
+      float* out = s + r0 * lds + c0;
+      _tile_stored(0, out, lds * 4);
+      if (nb > 1) _tile_stored(1, out + 16, lds * 4);
+      if (nb > 2) _tile_stored(2, out + 32, lds * 4);
+      if (nb > 3) _tile_stored(3, out + 48, lds * 4);
+    }
+}
+
+// o[r, :] += p[r, 0:kend] . V[0:kend, :] for rows [r_from, R), p bfloat16 [R, ldp] zero from kend
+// to the next multiple of 32, V of one (page, head) in AMX tiles. `vt`: scratch for the last 32
+// keys when kend is not a multiple of 32.
+template <int D>
+UCM_AMX static void page_values(const uint16_t* p, int ldp, const uint16_t* v, int ps, int kend, int r_from, int R,
+                                float* o, std::vector<uint16_t>& vt) {
+  const int kfull = kend / 32 * 32;
+  const bool tail = kend > kfull;
+  if (tail) {  // keys kfull .. kend of every 16 dims, the pairs' keys past kend zero
+    vt.assign(static_cast<size_t>(D / 16) * 16 * 32, 0);
+    for (int dg = 0; dg < D / 16; ++dg)
+      for (int t = kfull; t < kend; ++t)
+        for (int n = 0; n < 16; ++n) {
+          const int k = (t - kfull) / 2, e = (t - kfull) % 2;
+          vt[dg * 512 + k * 32 + n * 2 + e] = v[static_cast<int64_t>(dg) * 16 * ps + (t / 2) * 32 + n * 2 + e];
+        }
+  }
+  for (int r0 = r_from; r0 < R; r0 += kRows)
+    for (int dg0 = 0; dg0 < D / 16; dg0 += 4) {  // 4 tiles of 16 output dims at a time
+      float* c = o + r0 * D + dg0 * 16;
+      _tile_loadd(0, c, D * 4);
+      _tile_loadd(1, c + 16, D * 4);
+      _tile_loadd(2, c + 32, D * 4);
+      _tile_loadd(3, c + 48, D * 4);
+      const uint16_t* vd = v + static_cast<int64_t>(dg0) * 16 * ps;
+      for (int kc = 0; kc < kfull + (tail ? 32 : 0); kc += 32) {
+        _tile_loadd(4, p + r0 * ldp + kc, ldp * 2);
+        const bool last = kc == kfull;
+        const uint16_t* b = last ? vt.data() + dg0 * 512 : vd + (kc / 2) * 32;
+        const int64_t step = last ? 512 : 16 * ps;  // from one 16 dims to the next
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, b + step, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, b + 2 * step, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, b + 3 * step, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, c, D * 4);
+      _tile_stored(1, c + 16, D * 4);
+      _tile_stored(2, c + 32, D * 4);
+      _tile_stored(3, c + 48, D * 4);
+    }
+}
+
+// One KV head, queries [t0, t1) over AMX pages: rows (query, head in group) padded to a multiple of 16.
+template <int D>
+UCM_AMX static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, Scratch& w) {
+  const int g = pb.group, ps = pb.page_size;
+  const int rows = static_cast<int>(t1 - t0) * g;
+  const int R = (rows + kRows - 1) / kRows * kRows;
+  const int lds = ps;
+  fill_queries<D>(pb, h, t0, rows, R, lds, 1.0f, w);  // unscaled, as the dot variant: exact for bfloat16 queries
+  w.qb.resize(static_cast<size_t>(R) * D);
+  for (size_t i = 0; i < w.qb.size(); ++i) w.qb[i] = dot::bf16_bits(w.q[i]);
+  w.p.resize(static_cast<size_t>(R) * lds);
+  const int64_t first = pb.pos[t0], last = pb.pos[t1 - 1];
+  const int64_t npages = last / ps + 1;
+  if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
+  configure();
+  const __m512 sc = _mm512_set1_ps(pb.scale);
+  for (int64_t p = 0; p < npages; ++p) {
+    const uint16_t* kt = static_cast<const uint16_t*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
+    const uint16_t* v = kt + static_cast<int64_t>(D) * ps;
+    const int64_t base = p * ps;
+    const int kend = static_cast<int>(std::min<int64_t>(ps, last + 1 - base));  // keys any row sees
+    int r_live = 0;  // rows before it see none of this page
+    if (base > first)
+      while (r_live < R && w.pos[r_live] < base) ++r_live;
+    r_live = r_live / kRows * kRows;
+    page_scores<D>(w.qb.data(), kt, (kend + 15) / 16 * 16, r_live, R, w.s.data(), lds);
+    for (int r = r_live; r < R; ++r)
+      for (int j = 0; j < kend; j += 16) {
+        float* x = w.s.data() + r * lds + j;
+        _mm512_storeu_ps(x, _mm512_mul_ps(_mm512_loadu_ps(x), sc));  // lds is a multiple of 16
+      }
+    softmax_page<D>(w, r_live, R, lds, base, kend);
+    dot::round_rows(w.s.data(), lds, w.p.data(), lds, r_live, R, kend, (kend + 31) / 32 * 32);
+    page_values<D>(w.p.data(), lds, v, ps, kend, r_live, R, w.o.data(), w.vt);
+  }
+  _tile_release();
+  write_out<D>(pb, h, t0, rows, w);
+}
+
+}  // namespace amx
 
 
 // ---- The probe's attention mass: what each key receives from a few query rows ---------------
@@ -830,7 +999,9 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
     const int64_t tile = ntiles - 1 - i / pb.hk;
     const int h = static_cast<int>(i % pb.hk);
     const int64_t t0 = tile * tq, t1 = std::min(pb.n, (tile + 1) * tq);
-    if constexpr (Isa == kAvx512Bf16)
+    if constexpr (Isa == kAmx)
+      amx::run_tile<D>(pb, h, t0, t1, w);
+    else if constexpr (Isa == kAvx512Bf16)
       run_tile<D, Fmt, T, true>(pb, h, t0, t1, w);
     else if constexpr (Isa == kAvx512)
       run_tile<D, Fmt, T>(pb, h, t0, t1, w);
@@ -839,7 +1010,21 @@ static void run(const Problem& pb, int num_threads, const std::vector<int>& help
   });
 }
 
+// AMX tiles and bfloat16 products, and the kernel's permission to use tile data (Linux asks each
+// process to request it once; refused, the variant is not offered).
+static bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+}
+
 static bool cpu_has(int isa) {
+  if (isa == kAmx) return amx_usable();
   if (isa == kAvx512Bf16)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512bf16");
@@ -854,7 +1039,7 @@ static bool cpu_has(int) { return false; }
 // The variants this CPU runs, best first.
 std::vector<int> isas() {
   std::vector<int> out;
-  for (int isa : {kAvx512Bf16, kAvx512, kAvx2})
+  for (int isa : {kAmx, kAvx512Bf16, kAvx512, kAvx2})
     if (cpu_has(isa)) out.push_back(isa);
   return out;
 }
@@ -870,18 +1055,23 @@ bool mass_supported(int head_dim, int page_size) {
 #if defined(__x86_64__)
 template <int D, int Isa>
 static void run_format(const Problem& pb, int format, int num_threads, const std::vector<int>& helper_cpus) {
-  constexpr int kFloatIsa = Isa == kAvx512Bf16 ? kAvx512 : Isa;  // float32 pages have no dot variant
+  // float32 pages have no dot or AMX variant; vec16 pages no AMX one (vLLM packs AMX pages
+  // wherever it uses AMX), and on AMX CPUs the widening kernel was the faster one there.
+  constexpr int kFloatIsa = Isa == kAvx512Bf16 || Isa == kAmx ? kAvx512 : Isa;
+  constexpr int kVecIsa = Isa == kAmx ? kAvx512 : Isa;
   if (format == kF32)
     run<D, kF32, float, kFloatIsa>(pb, num_threads, helper_cpus);
   else if (format == kBF16)
-    run<D, kBF16, uint16_t, Isa>(pb, num_threads, helper_cpus);
+    run<D, kBF16, uint16_t, kVecIsa>(pb, num_threads, helper_cpus);
   else
     run<D, kBF16Amx, uint16_t, Isa>(pb, num_threads, helper_cpus);
 }
 
 template <int D>
 static void run_isa(const Problem& pb, int isa, int format, int num_threads, const std::vector<int>& helper_cpus) {
-  if (isa == kAvx512Bf16)
+  if (isa == kAmx)
+    run_format<D, kAmx>(pb, format, num_threads, helper_cpus);
+  else if (isa == kAvx512Bf16)
     run_format<D, kAvx512Bf16>(pb, format, num_threads, helper_cpus);
   else if (isa == kAvx512)
     run_format<D, kAvx512>(pb, format, num_threads, helper_cpus);
@@ -959,6 +1149,7 @@ PYBIND11_MODULE(_attention, m) {
   m.attr("AVX512") = static_cast<int>(ucm_attn::kAvx512);
   m.attr("AVX2") = static_cast<int>(ucm_attn::kAvx2);
   m.attr("AVX512_BF16") = static_cast<int>(ucm_attn::kAvx512Bf16);
+  m.attr("AMX") = static_cast<int>(ucm_attn::kAmx);
   m.def("isas", &ucm_attn::isas, "The kernel variants this CPU runs, best first.");
   m.attr("F32") = static_cast<int>(ucm_attn::kF32);
   m.attr("BF16") = static_cast<int>(ucm_attn::kBF16);

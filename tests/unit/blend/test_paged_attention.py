@@ -84,7 +84,8 @@ def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_head
     layout, and bfloat16 in AMX's VNNI tiles (written by the reference tiling where this CPU's
     vLLM build cannot pack them; see tests/cpu_probes.py). The reference computes in float32 on
     the same (rounded) K/V, so only summation order differs; the dot variant on bfloat16 pages
-    also rounds the queries and the softmax weights to bfloat16 (the reference the queries)."""
+    and the AMX one on AMX pages also round the queries and the softmax weights to bfloat16 (the
+    reference the queries)."""
     gen = torch.Generator().manual_seed(d + page_size)
     num_keys = 5 * page_size + 3  # a last page with an odd number of keys (AMX pairs them)
     q_pos = torch.tensor(sorted({0, 1, 2, page_size - 1, page_size, 2 * page_size + 7,
@@ -96,7 +97,7 @@ def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_head
     scale = 1 / math.sqrt(d)
     assert native_supported(dtype, d, page_size, page_format=page_format)
     got = paged_causal_attention(q, q_pos, pages, table, scale, page_format=page_format, isa=kernel)
-    dot = rounds_to_bf16(kernel, dtype)
+    dot = rounds_to_bf16(kernel, dtype, page_format)
     want = causal_attention_reference(q.bfloat16().float() if dot else q, k.float(), v.float(), q_pos,
                                       torch.arange(num_keys), scale)
     # Weights rounded to bfloat16 (relative error 2**-9 each) move these outputs by up to ~2.5e-3.
@@ -108,9 +109,36 @@ def test_pages_as_vllm_writes_them(cache_write, dtype, isa, page_format, kv_head
     torch.testing.assert_close(got16, want16.to(dtype), rtol=1e-2, atol=1e-2)
 
 
-def rounds_to_bf16(kernel, dtype) -> bool:
-    """Whether this variant on these pages computes with bfloat16 queries and softmax weights."""
-    return dtype == torch.bfloat16 and (kernel or (NATIVE_ISAS or [None])[0]) == "avx512_bf16"
+@pytest.mark.skipif("amx" not in NATIVE_ISAS, reason="the AMX variant needs a CPU with AMX (and the kernel's "
+                    "permission to use its tiles)")
+@pytest.mark.parametrize("kv_heads,group,d,page_size,tile", [
+    (3, 3, 64, 128, 32), (2, 6, 128, 128, 32), (2, 7, 64, 64, 5), (1, 1, 128, 32, 1)])
+def test_amx_variant_on_pages_vllm_packed(cache_write, kv_heads, group, d, page_size, tile):
+    """The AMX variant over AMX pages of every page size vLLM uses, with rows in several 16-row
+    blocks, tiles that start mid-page, a last page ending inside a 32-key pair block and NaN in
+    every unwritten slot: as the dense reference on the same rounded queries, K and V."""
+    gen = torch.Generator().manual_seed(d + page_size + group)
+    num_keys = 7 * page_size + 21
+    q_pos = torch.tensor(sorted({0, 5, page_size - 1, page_size, *range(2 * page_size + 3, 2 * page_size + 40),
+                                 *torch.randint(0, num_keys, (60,), generator=gen).tolist(), num_keys - 1}))
+    q = (torch.randn(q_pos.shape[0], kv_heads * group, d, generator=gen) * 3).bfloat16()
+    k = torch.randn(num_keys, kv_heads, d, generator=gen).bfloat16()
+    v = torch.randn(num_keys, kv_heads, d, generator=gen).bfloat16()
+    pages, table = vllm_pages(cache_write, k, v, page_size, "amx", fill=float("nan"))
+    got = paged_causal_attention(q, q_pos, pages, table, d ** -0.5, tile=tile, page_format="amx", isa="amx")
+    want = causal_attention_reference(q.float(), k.float(), v.float(), q_pos, torch.arange(num_keys), d ** -0.5)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    # The same products as the dot variant, in another order: float32 sums of bfloat16 products.
+    dot = paged_causal_attention(q, q_pos, pages, table, d ** -0.5, tile=tile, page_format="amx", isa="avx512_bf16")
+    torch.testing.assert_close(got.float(), dot.float(), rtol=1e-2, atol=1e-2)
+
+
+def rounds_to_bf16(kernel, dtype, page_format) -> bool:
+    """Whether this variant on these pages computes with bfloat16 queries and softmax weights (the
+    AMX variant takes AMX pages only; it runs the others widened)."""
+    kernel = kernel or (NATIVE_ISAS or [None])[0]
+    return dtype == torch.bfloat16 and (kernel == "avx512_bf16" or (kernel == "amx" and page_format == "amx"))
 
 
 @pytest.mark.parametrize("page_format,isa", [("vec", "vec"), ("amx", "amx")])

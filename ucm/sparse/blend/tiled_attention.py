@@ -12,8 +12,8 @@ Beside these torch tiles long runs stay with that kernel (see sparse_attention.p
 pages in place and keeps each page's scores in cache with an online softmax, instead of four
 elementwise passes over a score buffer of tile x sequence. It needs AVX-512F or AVX2 + FMA and
 float32 or bfloat16 pages (vLLM's vec layout, or for bfloat16 its AMX tiles), computing in
-float32; on CPUs with AVX512-BF16 bfloat16 pages use bfloat16 dot products (`NATIVE_ISAS` lists
-the variants this CPU runs, best first). The torch path here is the fallback and the reference.
+float32; on CPUs with AVX512-BF16 bfloat16 pages use bfloat16 dot products, and on CPUs with AMX
+AMX pages use tile multiplies (`NATIVE_ISAS` lists the variants this CPU runs, best first). The torch path here is the fallback and the reference.
 `paged_attention_mass` reads the same pages for the query probe's attention mass
 (query_probe.attention_mass) on AVX-512 CPUs.
 """
@@ -111,12 +111,16 @@ def tiled_causal_attention(
     return out.view(hk, n, g, d).transpose(0, 1).reshape(n, hq, d).to(q.dtype)
 
 
-# The native kernel's variants this CPU runs, best first: "avx512_bf16" (bfloat16 pages with
-# bfloat16 dot products; float32 pages run "avx512"), "avx512", "avx2".
+# The native kernel's variants this CPU runs, best first: "amx" (bfloat16 AMX pages through tile
+# multiplies; other pages run "avx512"), "avx512_bf16" (bfloat16 pages with bfloat16 dot products;
+# float32 pages run "avx512"), "avx512", "avx2".
 NATIVE_ISAS = () if _native is None else tuple(
     name for code in _native.isas()
-    for name, value in (("avx512_bf16", _native.AVX512_BF16), ("avx512", _native.AVX512), ("avx2", _native.AVX2))
+    for name, value in (("amx", _native.AMX), ("avx512_bf16", _native.AVX512_BF16), ("avx512", _native.AVX512),
+                        ("avx2", _native.AVX2))
     if code == value)
+# Variants that round a bfloat16 page's queries and softmax weights to bfloat16 (on the pages they take).
+BF16_PRODUCT_ISAS = ("amx", "avx512_bf16")
 
 # Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
 PAGE_FORMATS = {} if _native is None else {
@@ -141,8 +145,9 @@ def paged_causal_attention(q: torch.Tensor, q_pos: torch.Tensor, pages: torch.Te
     bfloat16) each (page, head) holds K transposed ``[D, P]`` then V ``[P, D]``; with ``"amx"``
     (bfloat16) K then V in VNNI tiles (see csrc/paged_attention.cpp). ``page_table``: the
     sequence's page ids in key order. GQA as in ``tiled_causal_attention``. Computes in float32
-    (the ``avx512_bf16`` variant, the default where the CPU has it, rounds the queries and the
-    softmax weights of bfloat16 pages to bfloat16); returns ``[n, Hq, D]`` in ``q``'s dtype.
+    (the ``amx`` and ``avx512_bf16`` variants, the default where the CPU has them, round the
+    queries and the softmax weights of bfloat16 pages to bfloat16: ``amx`` on AMX pages only);
+    returns ``[n, Hq, D]`` in ``q``'s dtype.
     ``isa``: one of `NATIVE_ISAS` (default: the first).
     """
     _check_native_args(q, pages, page_format, "paged attention", native_supported)

@@ -1,7 +1,7 @@
 """Attention for a subset of a step's tokens (Blend's recomputed rows), on vLLM's CPU backend.
 
 Selected tokens sit at scattered positions and must attend exactly causally to their request's
-whole paged KV. Where the CPU runs the native kernel's AVX-512 variants (tiled_attention.py: float32
+whole paged KV. Where the CPU runs the native kernel's AMX or AVX-512 variants (tiled_attention.py: float32
 or bfloat16 pages, AMX tiles included) it takes every row of a request, its runs too: per row it is
 faster than vLLM's CPU kernel on the question's and the misses' runs as well (docs/research.md).
 Otherwise (the AVX2 variant, not measured against vLLM's kernel on long runs, or the torch tiles
@@ -35,6 +35,9 @@ from ucm.sparse.blend.tiled_attention import (NATIVE_ISAS, TilePlan, native_supp
 # same where the native kernel's AVX-512 variants tile (None: they take every run).
 MIN_KERNEL_RUN = 16
 MIN_KERNEL_RUN_NATIVE: int | None = None
+# The native kernel's best variants that take every run (`MIN_KERNEL_RUN_NATIVE`): the AVX-512 ones,
+# and AMX (on AMX hosts pages not in AMX tiles run the AVX-512 variant).
+RUNS_NATIVE_ISAS = ("amx", "avx512_bf16", "avx512")
 
 
 @dataclass
@@ -69,7 +72,7 @@ def subset_metadata(meta, pseudo: PseudoBatch, slot_mapping: torch.Tensor, attn_
     run_len = (pseudo.query_start_loc[1:] - pseudo.query_start_loc[:-1]).long()
     native = native_supported(dtype, attn_layer.head_size, layout.kernel_block_size, slot_mapping.device,
                               layout.page_format)
-    threshold = MIN_KERNEL_RUN_NATIVE if native and NATIVE_ISAS[0].startswith("avx512") else MIN_KERNEL_RUN
+    threshold = MIN_KERNEL_RUN_NATIVE if native and NATIVE_ISAS[0] in RUNS_NATIVE_ISAS else MIN_KERNEL_RUN
     long_run = run_len >= threshold if threshold is not None else torch.zeros_like(run_len, dtype=torch.bool)
     if not _can_tile(attn_layer.impl, threshold) or bool(long_run.all()):
         rows = torch.arange(pseudo.num_tokens, device=slot_mapping.device)

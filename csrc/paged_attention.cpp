@@ -389,29 +389,50 @@ UCM_AVX512 static void page_scores(const Problem& pb, const T* kt, int kpad, int
         qk_12x32<D, Fmt>(w.q.data() + r0 * D, kt, ps, c0, w.s.data() + r0 * ps + c0, ps);
 }
 
+// Round-to-nearest-even float32 -> bfloat16 of 16 finite lanes (AVX-512F integer ops).
+UCM_AVX512 static inline __m256i bf16_round(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16));
+}
+
 // The online softmax over one page's scores w.s (keys [base, base + kend)) for rows [r_from, R):
 // each row's visible scores become their exp against the running max, the rest 0; the running max
-// and denominator advance and the rows' outputs are rescaled.
-template <int D>
-UCM_AVX512 static void softmax_page(Scratch& w, int r_from, int R, int lds, int64_t base, int kend) {
+// and denominator advance and the rows' outputs are rescaled. `ToBf16` (the AMX variant): the
+// scores are not yet scaled (by pb.scale, `scale`), and the exps go to w.p in bfloat16 (row stride
+// lds), zero from kend up to `kpad`, instead of replacing the scores.
+template <int D, bool ToBf16 = false>
+UCM_AVX512 static void softmax_page(Scratch& w, int r_from, int R, int lds, int64_t base, int kend,
+                                    float scale = 1.0f, int kpad = 0) {
+  const __m512 sc = _mm512_set1_ps(scale);
   for (int r = r_from; r < R; ++r) {
     float* srow = w.s.data() + r * lds;
+    uint16_t* prow = ToBf16 ? w.p.data() + r * lds : nullptr;
     const int valid = static_cast<int>(std::clamp<int64_t>(w.pos[r] + 1 - base, 0, kend));
     if (valid == 0) {
-      std::memset(srow, 0, sizeof(float) * kend);
+      if constexpr (ToBf16)
+        std::memset(prow, 0, sizeof(uint16_t) * kpad);
+      else
+        std::memset(srow, 0, sizeof(float) * kend);
       continue;
     }
-    const float m_new = std::max(w.m[r], row_max(srow, valid));
+    // Scaling by a positive number keeps the largest score the largest (rounding is monotonic).
+    const float m_new = std::max(w.m[r], ToBf16 ? row_max(srow, valid) * scale : row_max(srow, valid));
     const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first page seen (m = -inf)
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < kend; j += 16) {
-      const int lim = std::min(16, kend - j);
+    for (int j = 0; j < (ToBf16 ? kpad : kend); j += 16) {
+      const int lim = std::clamp(kend - j, 0, 16);
       const int vis = std::clamp(valid - j, 0, lim);
       const __mmask16 kv = static_cast<__mmask16>((1u << vis) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(kv, exp16(_mm512_sub_ps(_mm512_loadu_ps(srow + j), mv)));
+      const __m512 x = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << lim) - 1), srow + j);
+      const __m512 e = _mm512_maskz_mov_ps(
+          kv, exp16(ToBf16 ? _mm512_fmsub_ps(x, sc, mv) : _mm512_sub_ps(x, mv)));
       sum = _mm512_add_ps(sum, e);
-      _mm512_mask_storeu_ps(srow + j, static_cast<__mmask16>((1u << lim) - 1), e);
+      if constexpr (ToBf16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + j), bf16_round(e));
+      else
+        _mm512_mask_storeu_ps(srow + j, static_cast<__mmask16>((1u << lim) - 1), e);
     }
     w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
     w.m[r] = m_new;
@@ -590,7 +611,6 @@ UCM_AMX static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, S
   const int64_t npages = last / ps + 1;
   if (npages > pb.num_pages) throw std::out_of_range("page table shorter than the query positions");
   configure();
-  const __m512 sc = _mm512_set1_ps(pb.scale);
   for (int64_t p = 0; p < npages; ++p) {
     const uint16_t* kt = static_cast<const uint16_t*>(pb.pages) + pb.table[p] * pb.page_stride + h * pb.head_stride;
     const uint16_t* v = kt + static_cast<int64_t>(D) * ps;
@@ -601,13 +621,7 @@ UCM_AMX static void run_tile(const Problem& pb, int h, int64_t t0, int64_t t1, S
       while (r_live < R && w.pos[r_live] < base) ++r_live;
     r_live = r_live / kRows * kRows;
     page_scores<D>(w.qb.data(), kt, (kend + 15) / 16 * 16, r_live, R, w.s.data(), lds);
-    for (int r = r_live; r < R; ++r)
-      for (int j = 0; j < kend; j += 16) {
-        float* x = w.s.data() + r * lds + j;
-        _mm512_storeu_ps(x, _mm512_mul_ps(_mm512_loadu_ps(x), sc));  // lds is a multiple of 16
-      }
-    softmax_page<D>(w, r_live, R, lds, base, kend);
-    dot::round_rows(w.s.data(), lds, w.p.data(), lds, r_live, R, kend, (kend + 31) / 32 * 32);
+    softmax_page<D, true>(w, r_live, R, lds, base, kend, pb.scale, (kend + 31) / 32 * 32);
     page_values<D>(w.p.data(), lds, v, ps, kend, r_live, R, w.o.data(), w.vt);
   }
   _tile_release();

@@ -408,7 +408,8 @@ def test_gather_pages_head_major(cache_write, backend, isa, kbs, dtype):
 @pytest.mark.parametrize(CPU_ARGS, CPU_CASES, ids=_ids(CPU_CASES))
 def test_cpu_add_pages_adds_to_each_slot_of_the_grid(cpu_op, block_size, dtype, isa):
     """The KV shift's page-wise add: every slot of the touched pages gets its grid row, nothing
-    else changes (vec pages in place, AMX tiles through gather and scatter)."""
+    else changes (vec pages in place; AMX tiles as whole pages, bit for bit what a gather, add in
+    float32 and scatter of every slot gives, by the tiling and by the inverse page map)."""
     gen = torch.Generator().manual_seed(7)
     nb, n = 6, 2 * block_size + 5
     cache = _rand((nb, H, block_size, 2 * D), dtype, gen)
@@ -429,6 +430,15 @@ def test_cpu_add_pages_adds_to_each_slot_of_the_grid(cpu_op, block_size, dtype, 
     want_v[slots] += dv[grid]
     tol = 0 if dtype == torch.float32 else 0.05
     assert torch.allclose(k1.float(), want_k, atol=tol) and torch.allclose(v1.float(), want_v, atol=tol)
+    if layout.page_format == "amx":
+        from ucm.integration.vllm.kv_layout.base import KVLayout
+
+        for tiled in (True, False):
+            mine, generic = cache.clone(), cache.clone()
+            layout._tiled = tiled  # False: the inverse page map's path
+            layout.add_pages(mine, pages, dk, dv)
+            KVLayout.add_pages(layout, generic, pages, dk, dv)
+            assert torch.equal(mine, generic)
 
 
 @pytest.mark.parametrize("isa,dtype", [("vec", torch.float32), ("amx", torch.bfloat16)])

@@ -50,6 +50,8 @@ class CpuKVLayout(KVLayout):
         # amx: page offsets of K[t, d] and V[t, d], [kernel_block_size, D] each; None for vec.
         self._k_map: torch.Tensor | None = None
         self._v_map: torch.Tensor | None = None
+        self._order: torch.Tensor | None = None  # amx: the inverse of both maps (_page_order)
+        self._tiled: bool | None = None  # amx: whether the maps are the VNNI tiling (_vnni_tiles)
         if isa is None and dtype is not None:
             isa = _vllm_cpu_isa(dtype, self.kernel_block_size, head_size)
         if isa is not None:
@@ -110,14 +112,52 @@ class CpuKVLayout(KVLayout):
                 v_out[i : i + n].copy_(vv[b, :, o : o + n].transpose(0, 1))
 
     def add_pages(self, kv_cache, kernel_blocks, dk, dv):
-        if self._k_map is not None:
-            return super().add_pages(kv_cache, kernel_blocks, dk, dv)
         self._check(kv_cache)
         bs, h, d = self.kernel_block_size, self.num_kv_heads, self.head_size
+        if self._k_map is not None:
+            # Whole pages, summed in float32 and rounded once, as a gather, add and scatter of every
+            # slot would; the shifts enter in page order as strided views where the map is vLLM's
+            # VNNI tiling (checked against the map), else by the inverse page map.
+            pages = self._page_view(kv_cache)
+            sums = pages[kernel_blocks].float()
+            if self._vnni_tiles():
+                k_page, v_page = sums[..., : bs * d], sums[..., bs * d :]
+                k_page.view(-1, h, bs // 16, d // 2, 16, 2).add_(
+                    dk.float().view(-1, bs // 16, 16, h, d // 2, 2).permute(0, 3, 1, 4, 2, 5))
+                v_page.view(-1, h, d // 16, bs // 2, 16, 2).add_(
+                    dv.float().view(-1, bs // 2, 2, h, d // 16, 16).permute(0, 3, 4, 1, 5, 2))
+            else:
+                kv = torch.cat([dk.float().view(-1, bs, h, d), dv.float().view(-1, bs, h, d)], dim=1)
+                sums += kv.permute(0, 2, 1, 3).reshape(-1, h, 2 * bs * d)[:, :, self._page_order(kv_cache.device)]
+            pages[kernel_blocks] = sums.to(kv_cache.dtype)
+            return
         kt, vv = self._views(kv_cache)
         # Whole pages (K is stored transposed per page): a per-token index costs several times more.
         kt[kernel_blocks] += dk.to(kv_cache.dtype).view(-1, bs, h, d).permute(0, 2, 3, 1)
         vv[kernel_blocks] += dv.to(kv_cache.dtype).view(-1, bs, h, d).transpose(1, 2)
+
+    def _vnni_tiles(self) -> bool:
+        """Whether the page map is the VNNI tiling csrc/paged_attention.cpp reads: K[t, d] at
+        (t / 16) * 16 * D + (d / 2) * 32 + (t % 16) * 2 + d % 2, V[t, d] after K at (d / 16) * 16 *
+        bs + (t / 2) * 32 + (d % 16) * 2 + t % 2."""
+        if self._tiled is None:
+            bs, d = self.kernel_block_size, self.head_size
+            t, dim = torch.arange(bs).view(-1, 1), torch.arange(d).view(1, -1)
+            k = (t // 16) * 16 * d + (dim // 2) * 32 + (t % 16) * 2 + dim % 2
+            v = bs * d + (dim // 16) * 16 * bs + (t // 2) * 32 + (dim % 16) * 2 + t % 2
+            self._tiled = (bs % 32 == 0 and d % 32 == 0 and torch.equal(k, self._k_map.cpu())
+                           and torch.equal(v, self._v_map.cpu()))
+        return self._tiled
+
+    def _page_order(self, device) -> torch.Tensor:
+        """For each offset of a mapped page, the index of its element in K then V of the page's
+        tokens in (token, dim) order: the inverse of the page map."""
+        if self._order is None or self._order.device != device:
+            both = torch.cat([self._k_map.flatten(), self._v_map.flatten()])
+            order = torch.empty_like(both)
+            order[both] = torch.arange(both.numel())
+            self._order = order.to(device)
+        return self._order
 
     def _map_index(self, page_map: torch.Tensor, b: torch.Tensor, o: torch.Tensor, device):
         """Index tuple of ``[n, H, D]`` elements (tokens ``(b, o)``) of the ``[pages, H, P]``

@@ -81,7 +81,28 @@ _SHARES = ("experiment modes (a patch not kept, the same forward otherwise; blen
 _KERNEL = (f"{_Q} --dtype bfloat16 --num-questions 6 --sweep --ratios 0.15 --selections query --kl-tokens 1 "
            "--max-tokens 4 --no-plot --enforce-eager")
 _KERNEL_HOST = "SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, an AMD EPYC host with AVX-512-BF16"
+_AMX_HOST = "an Intel Xeon host with AMX (2026-12-01, a twentieth session), back to back, nothing else running"
 QUALITY_RUNS = [
+    ("qwen05_long_amx_bf16_gen8.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts (the 8 generated questions of "
+     f"qwen05_long_shares_bf16_gen8.json), {_AMX_HOST}: the AMX attention and the KV shift by whole pages",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --num-questions 8 --selections query "
+     "--max-tokens 8 --kl-tokens 1 --sweep --ratios 0.15,0.3 --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen05_long_amx_bf16_gen8.json"),
+    ("qwen05_long_dot_amxhost_bf16_gen8.json", "The same questions, on the same host right after, with the code "
+     "before (a worktree at 0774f04: bfloat16 dot products on AMX pages, the KV shift slot by slot)",
+     f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --num-questions 8 --selections query "
+     "--max-tokens 8 --kl-tokens 1 --sweep --ratios 0.15,0.3 --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen05_long_dot_amxhost_bf16_gen8.json (from a worktree at 0774f04)"),
+    ("kernel_amx_addpages_musique6_bf16.json", f"SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, "
+     f"{_AMX_HOST}: the AMX attention and the KV shift's whole-page add on AMX pages (as committed)",
+     f"{_KERNEL} --out benchmarks/results/kernel_amx_addpages_musique6_bf16.json"),
+    ("kernel_amx_musique6_bf16.json", f"SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, {_AMX_HOST}: "
+     "the AMX variant of Blend's attention (TDPBF16PS on vLLM's AMX pages), the KV shift as before",
+     f"{_KERNEL} --out benchmarks/results/kernel_amx_musique6_bf16.json"),
+    ("kernel_dot_amxhost_musique6_bf16.json", f"SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, "
+     f"{_AMX_HOST}: the code before (bfloat16 dot products on AMX pages, run from a worktree at 0774f04)",
+     f"{_KERNEL} --out benchmarks/results/kernel_dot_amxhost_musique6_bf16.json (from a worktree at 0774f04, "
+     "--dataset naming ../shared/data/musique_dev.json)"),
     ("qwen15_musique8_shift1.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-7 (~6k tokens), the default "
      "kv_shift (0.5) against the whole chunk mean (1.0), the committed rule at 0.15, with the attention kernels of "
      "2026-11-29 (dot products, every run native), bfloat16, eager (other runs and tests shared the cores: TTFTs "
@@ -551,6 +572,11 @@ HEADLINE_SERVE = "serve_bench_c4_native_bf16.json"  # the README's replay rows: 
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_amx_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server compiled, on an "
+     "Intel Xeon host with AMX, with the AMX variant of Blend's attention and the KV shift by whole pages "
+     "(2026-12-01, a twentieth session), nothing else running",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_amx_bf16.json"),
     ("serve_bench_c4_native_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server compiled, with "
      "Blend's attention of 2026-11-29 (bfloat16 dot products, every run of rows native), on the AMD EPYC host of the "
      "run below, nothing else running (a nineteenth session)",
@@ -1000,8 +1026,16 @@ LATEST = [
     ("Gradual filtering (several check layers) on MuSiQue, SmolLM2", "smollm2_musique20_gradual.json"),
     ("One check layer on MuSiQue, SmolLM2 (gradual filtering's reference)", "smollm2_musique20_one_layer.json"),
     ("Gradual filtering (several check layers) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_gradual_generated8.json"),
+    ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts, on an AMX host with the AMX attention",
+     "qwen05_long_amx_bf16_gen8.json"),
+    ("The same on the AMX host with the code before (bfloat16 dot products on AMX pages)",
+     "qwen05_long_dot_amxhost_bf16_gen8.json"),
+    ("Blend on an AMX host: SmolLM2, 6 MuSiQue questions, as committed", "kernel_amx_addpages_musique6_bf16.json"),
+    ("Blend on an AMX host: SmolLM2, 6 MuSiQue questions, the code before", "kernel_dot_amxhost_musique6_bf16.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
+    ("Serving replay on an AMX host: passages indexed, then asked in another order, compiled, the AMX attention",
+     "serve_bench_c4_amx_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled, the attention of 2026-11-29",
      "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
@@ -1025,6 +1059,7 @@ LATEST = [
     ("The same stream on the plain directory, the store before", "rag_traffic_zipf48_dir_bf16.json"),
     ("RAG stream without reuse, float32 on an AVX2 host", "rag_traffic_fresh36_admission.json"),
     ("Where the engine's time goes without reuse (profile)", "profile_fresh_blend.json"),
+    ("Where a Blend step's time goes on an AMX host (profile)", "profile_blend_step_amx_bf16.json"),
     ("Where a Blend step's time goes with the attention of 2026-11-29 (profile)", "profile_blend_step_native_bf16.json"),
     ("Where a Blend step's time goes (profile)", "profile_blend_step_bf16.json"),
     ("Where Blend pays: one request, k of 10 passages cached", "hit_threshold.json"),
@@ -1033,6 +1068,12 @@ LATEST = [
     ("Store under faults", "store_faults.json"),
 ]
 PROFILE_RUNS = [
+    ("profile_blend_step_amx_bf16.json", "Where a Blend step's time goes on an Intel Xeon host with AMX, with the AMX "
+     "variant of Blend's attention (vLLM's bfloat16 pages in AMX tiles) and the KV shift slot by slot, before its "
+     "whole-page add (2026-12-01, a twentieth session; py-spy at 50 Hz)",
+     "python benchmarks/profile_stream.py --rate 50 --script blend_bench.py --out "
+     "benchmarks/results/profile_blend_step_amx_bf16.json -- --dtype bfloat16 --num-questions 4 --sweep --ratios "
+     "0.15 --selections query --max-tokens 1 --enforce-eager"),
     ("profile_blend_step_native_bf16.json", "Where a Blend step's time goes with Blend's attention of 2026-11-29 (bfloat16 "
      "dot products; every run of rows native, so \"native kernel (scattered rows)\" holds the runs too): the same "
      "command and host as the profile below (a nineteenth session; py-spy at 50 Hz)",
@@ -1049,13 +1090,22 @@ PROFILE_RUNS = [
      "benchmarks/results/profile_blend_step_bf16.json -- --dtype bfloat16 --num-questions 4 --sweep --ratios 0.15 "
      "--selections query --max-tokens 1 --enforce-eager"),
 ]
-ATTENTION_RUNS = ("Blend's attention of scattered rows: each variant of the native kernel, bfloat16 pages (an AMD EPYC "
-                  "host with AVX-512-BF16, 2026-11-29, a nineteenth session)",
-                  "python benchmarks/attention_bench.py --dtype bfloat16 --repeat 7 --kv-heads {kv} --group {g} "
-                  "--head-size {d} --out benchmarks/results/attention_bench_{model}_bf16.json",
-                  [("SmolLM2-135M", "attention_bench_smollm2_bf16.json"),
-                   ("Qwen2.5-Coder-0.5B", "attention_bench_qwen05_bf16.json"),
-                   ("Qwen2.5-Coder-1.5B", "attention_bench_qwen15_bf16.json")])
+ATTENTION_RUNS = [
+    ("Blend's attention of scattered rows on AMX pages: each variant of the native kernel (an Intel Xeon host with "
+     "AMX, 2026-12-01, a twentieth session)",
+     "python benchmarks/attention_bench.py --dtype bfloat16 --layout amx --repeat 7 --kv-heads {kv} --group {g} "
+     "--head-size {d} --out benchmarks/results/attention_bench_{model}_amx.json",
+     [("SmolLM2-135M", "attention_bench_smollm2_amx.json"),
+      ("Qwen2.5-Coder-0.5B", "attention_bench_qwen05_amx.json"),
+      ("Qwen2.5-Coder-1.5B", "attention_bench_qwen15_amx.json")]),
+    ("Blend's attention of scattered rows: each variant of the native kernel, bfloat16 pages (an AMD EPYC "
+     "host with AVX-512-BF16, 2026-11-29, a nineteenth session)",
+     "python benchmarks/attention_bench.py --dtype bfloat16 --repeat 7 --kv-heads {kv} --group {g} "
+     "--head-size {d} --out benchmarks/results/attention_bench_{model}_bf16.json",
+     [("SmolLM2-135M", "attention_bench_smollm2_bf16.json"),
+      ("Qwen2.5-Coder-0.5B", "attention_bench_qwen05_bf16.json"),
+      ("Qwen2.5-Coder-1.5B", "attention_bench_qwen15_bf16.json")]),
+]
 STORM_RUN = ("fault_storm.json", "python benchmarks/fault_storm.py --generated --num-questions 16 --faults 100 "
              "--max-rounds 8 --shares lookup~0.1,load~0.2,rotate~0.2,select~0.2,forward~0.2,attention~0.006,dump~0.1 "
              "--out benchmarks/results/fault_storm.json")
@@ -1663,10 +1713,10 @@ def sections() -> list[tuple[str, list[str]]]:
                            lambda data: [paired_table(json.loads(base.read_text()), data, pairs)]
                            if base.is_file() else ["(not run)"])
         out.append((f"{base_name} vs {new_name}", section[1]))
-    title, command, runs = ATTENTION_RUNS
-    present = [(model, json.loads((RESULTS / n).read_text())) for model, n in runs if (RESULTS / n).is_file()]
-    out.append((runs[0][1], [f"## {title}", "", f"`{command}`, for each geometry", "",
-                             attention_table(present) if present else "(not run)", ""]))
+    for title, command, runs in ATTENTION_RUNS:
+        present = [(model, json.loads((RESULTS / n).read_text())) for model, n in runs if (RESULTS / n).is_file()]
+        out.append((runs[0][1], [f"## {title}", "", f"`{command}`, for each geometry", "",
+                                 attention_table(present) if present else "(not run)", ""]))
     for title, command, names in CHECK_LAYER_STUDIES:
         present = [json.loads((RESULTS / n).read_text()) for n in names if (RESULTS / n).is_file()]
         body = [eval_context(present[0]).split(", started")[0] + ".", "", check_layer_table(present)] if present else ["(not run)"]

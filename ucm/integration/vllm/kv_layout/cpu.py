@@ -167,7 +167,14 @@ class CpuKVLayout(KVLayout):
         return b.reshape(-1, 1, 1), h.reshape(1, -1, 1), page_map[o].unsqueeze(1)
 
     def _mapped(self, kv_cache, page_map, b, o) -> torch.Tensor:
-        return self._page_view(kv_cache)[self._map_index(page_map, b, o, kv_cache.device)]
+        """``[n, H, D]`` elements of tokens ``(b, o)`` of a mapped page, by one flat index (cheaper
+        than three broadcast advanced indices)."""
+        pages = self._page_view(kv_cache)
+        if not pages.is_contiguous():
+            return pages[self._map_index(page_map, b, o, kv_cache.device)]
+        h = torch.arange(self.num_kv_heads, device=kv_cache.device)
+        flat = (b.reshape(-1, 1, 1) * self.num_kv_heads + h.reshape(1, -1, 1)) * pages.shape[2]
+        return pages.reshape(-1)[flat + page_map.to(kv_cache.device)[o].unsqueeze(1)]
 
     def _page_view(self, kv_cache: torch.Tensor) -> torch.Tensor:
         return kv_cache.view(kv_cache.shape[0], self.num_kv_heads, -1)

@@ -568,7 +568,9 @@ STUDY_RUNS = [
      "--no-chunks --shift-parts --out benchmarks/results/reuse_study_shift_parts.json (an earlier version of the "
      "script, which also ran '+shift'; stopped after 2 questions)"),
 ]
-HEADLINE_SERVE = "serve_bench_c4_native_bf16.json"  # the README's replay rows: the latest replay, with plain vLLM
+# The README's replay rows: the latest replay with plain vLLM on each kind of host (a label for all but the first).
+HEADLINE_SERVE = [("serve_bench_c4_native_bf16.json", ""),
+                  ("serve_bench_c4_amx_bf16.json", "an AMX host")]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
@@ -1409,29 +1411,43 @@ def with_baseline(data: dict, baseline: dict | None) -> dict:
     return {**data, "runs": runs, "speedup": speedup}
 
 
+def _headline_serve(data: dict, host: str) -> list[str]:
+    """The replay's headline rows: TTFT one at a time, requests/s at concurrency 4 against Blend off
+    and against plain vLLM; `host` names the host where it is not the first table's."""
+    rows, by = [], {(r["mode"], r["concurrency"]): r for r in data["phases"]}
+    where = f", {host}" if host else ""
+    for c, what in ((1, "TTFT p50"), (4, "requests/s")):
+        on, off = by.get(("blend", c)), by.get(("full", c))
+        if not (on and off):
+            continue
+        if what == "TTFT p50":
+            rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, passages indexed first "
+                        f"({data.get('dtype', 'float32')}, {_kv_shift(data)}{where}), {what}, 1 at a time | "
+                        f"{on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | {off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
+            plain = by.get(("plain", c))
+            if plain:
+                rows.append(f"| the same, against plain vLLM (no connector, prefix caching on), TTFT p50 | "
+                            f"{on['ttft_p50_s']:.2f} s | {plain['ttft_p50_s']:.2f} s | "
+                            f"{plain['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
+        else:
+            rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
+                        f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
+                        f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
+            plain = by.get(("plain", c))
+            if plain:
+                rows.append(f"| the same, against plain vLLM (no connector, prefix caching on) | "
+                            f"{on['requests_per_s']:.3f} | {plain['requests_per_s']:.3f} | "
+                            f"{on['requests_per_s'] / plain['requests_per_s']:.2f}x |")
+    return rows
+
+
 def headline() -> str:
     """The README's small table: serving under load and the 100-question quality run."""
     rows = ["| measured on | Blend 0.15 | Blend off | gain |", "|---|---|---|---|"]
-    serve = RESULTS / HEADLINE_SERVE
-    if serve.is_file():
-        data = json.loads(serve.read_text())
-        by = {(r["mode"], r["concurrency"]): r for r in data["phases"]}
-        for c, what in ((1, "TTFT p50"), (4, "requests/s")):
-            on, off = by.get(("blend", c)), by.get(("full", c))
-            if on and off:
-                if what == "TTFT p50":
-                    rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, passages indexed first "
-                                f"({data.get('dtype', 'float32')}, {_kv_shift(data)}), {what}, 1 at a time | {on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | "
-                                f"{off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
-                else:
-                    rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
-                                f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "
-                                f"{on['requests_per_s'] / off['requests_per_s']:.2f}x |")
-                    plain = by.get(("plain", c))
-                    if plain:
-                        rows.append(f"| the same, against plain vLLM (no connector, prefix caching on) | "
-                                    f"{on['requests_per_s']:.3f} | {plain['requests_per_s']:.3f} | "
-                                    f"{on['requests_per_s'] / plain['requests_per_s']:.2f}x |")
+    for name, host in HEADLINE_SERVE:
+        serve = RESULTS / name
+        if serve.is_file():
+            rows += _headline_serve(json.loads(serve.read_text()), host)
     for name, what in HEADLINE_TRAFFIC:
         path = RESULTS / name
         entry = next((t for t in TRAFFIC_RUNS if t[0] == name), None)

@@ -1050,6 +1050,40 @@ static bool cpu_has(int isa) {
 static bool cpu_has(int) { return false; }
 #endif
 
+// ---- A stored block's KV out of the pages, token-major ---------------------------------------
+// out[i + j, layer, 0 / 1, h, :] = K / V of token o + j of page `page` in that layer's cache, for each
+// run (i, page, o, n): the store's block form, without torch's strided copies of permuted views
+// (4-byte inner runs in the AMX tiles, a transposed K in the vec pages).
+template <typename T, int Fmt>
+static void gather_run(const std::vector<uintptr_t>& layers, const int64_t* run, int layer, int64_t page_stride,
+                       int64_t head_stride, int H, int D, int ps, T* out) {
+  const int64_t i = run[0], b = run[1], o = run[2], n = run[3];
+  const int64_t L = static_cast<int64_t>(layers.size()), tok = L * 2 * H * D;
+  const T* page = reinterpret_cast<const T*>(layers[layer]) + b * page_stride;
+  for (int h = 0; h < H; ++h) {
+    const T* kp = page + h * head_stride;
+    const T* vp = kp + static_cast<int64_t>(D) * ps;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = o + j;
+      T* ko = out + (i + j) * tok + static_cast<int64_t>(layer) * 2 * H * D + h * D;
+      T* vo = ko + static_cast<int64_t>(H) * D;
+      if constexpr (Fmt == kBF16Amx) {
+        const T* kt = kp + (t / 16) * 16 * D + (t % 16) * 2;
+        const T* vt = vp + (t / 2) * 32 + t % 2;
+        for (int d = 0; d < D; ++d) {
+          ko[d] = kt[(d / 2) * 32 + d % 2];
+          vo[d] = vt[static_cast<int64_t>(d / 16) * 16 * ps + (d % 16) * 2];
+        }
+      } else {
+        for (int d = 0; d < D; ++d) ko[d] = kp[static_cast<int64_t>(d) * ps + t];
+        std::memcpy(vo, vp + t * D, sizeof(T) * D);
+      }
+    }
+  }
+}
+
+
+
 // The variants this CPU runs, best first.
 std::vector<int> isas() {
   std::vector<int> out;
@@ -1156,6 +1190,38 @@ void paged_attention_mass(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages
 #endif
 }
 
+void gather_page_runs(const std::vector<uintptr_t>& layers, uintptr_t runs, int64_t num_runs, int page_format,
+                      int elem_size, int64_t page_stride, int64_t head_stride, int H, int D, int page_size,
+                      uintptr_t out, int num_threads, const std::vector<int>& helper_cpus) {
+  if (page_format < kF32 || page_format > kBF16Amx) throw std::invalid_argument("unknown page format");
+  if (page_format == kBF16Amx ? elem_size != 2 : elem_size != 2 && elem_size != 4)
+    throw std::invalid_argument("gather_page_runs: element size does not fit the page format");
+  if (page_format == kBF16Amx && (page_size % 32 || D % 32))
+    throw std::invalid_argument("gather_page_runs: AMX pages need a page size and head size divisible by 32");
+  const int64_t* r = reinterpret_cast<const int64_t*>(runs);
+  const int64_t L = static_cast<int64_t>(layers.size());
+  if (num_runs <= 0 || L == 0) return;
+  py::gil_scoped_release release;
+  auto one = [&](int64_t item) {
+    const int64_t* run = r + (item / L) * 4;
+    const int layer = static_cast<int>(item % L);
+    if (page_format == kBF16Amx)
+      gather_run<uint16_t, kBF16Amx>(layers, run, layer, page_stride, head_stride, H, D, page_size,
+                                     reinterpret_cast<uint16_t*>(out));
+    else if (elem_size == 2)
+      gather_run<uint16_t, kBF16>(layers, run, layer, page_stride, head_stride, H, D, page_size,
+                                  reinterpret_cast<uint16_t*>(out));
+    else
+      gather_run<uint32_t, kF32>(layers, run, layer, page_stride, head_stride, H, D, page_size,
+                                 reinterpret_cast<uint32_t*>(out));
+  };
+#if defined(__x86_64__)
+  parallel_items(num_runs * L, num_threads, helper_cpus, [&](int64_t item, Scratch&) { one(item); });
+#else
+  for (int64_t item = 0; item < num_runs * L; ++item) one(item);
+#endif
+}
+
 }  // namespace ucm_attn
 
 PYBIND11_MODULE(_attention, m) {
@@ -1175,6 +1241,10 @@ PYBIND11_MODULE(_attention, m) {
         py::arg("hk"), py::arg("group"), py::arg("head_dim"), py::arg("page_size"), py::arg("scale"),
         py::arg("out"), py::arg("tile_queries"), py::arg("num_threads"), py::arg("helper_cpus"), py::arg("isa") = 0,
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
+  m.def("gather_page_runs", &ucm_attn::gather_page_runs, py::arg("layers"), py::arg("runs"), py::arg("num_runs"),
+        py::arg("page_format"), py::arg("elem_size"), py::arg("page_stride"), py::arg("head_stride"), py::arg("H"),
+        py::arg("D"), py::arg("page_size"), py::arg("out"), py::arg("num_threads"), py::arg("helper_cpus"),
+        "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention.gather_page_runs.");
   m.def("mass_supported", &ucm_attn::mass_supported, py::arg("head_dim"), py::arg("page_size"),
         "Whether this CPU and geometry can use the native attention mass (AVX-512F).");
   m.def("paged_attention_mass", &ucm_attn::paged_attention_mass, py::arg("q"), py::arg("pos"), py::arg("n"),

@@ -20,6 +20,7 @@ from ucm.integration.vllm.kv_layout import (
     layout_for,
     slots_for_positions,
 )
+from ucm.sparse.blend.tiled_attention import NATIVE_ISAS, gather_page_runs
 
 H, D = 3, 64
 DTYPES = [torch.float32, torch.bfloat16]
@@ -489,8 +490,9 @@ def test_kv_shift_plan_moves_left_out_rows_by_their_chunks_mean_error(cpu_op, is
                           ("CPU_ATTN", "amx", 32, torch.bfloat16), ("FLASH_ATTN", None, 16, torch.float32)],
                          ids=["cpu-vec", "cpu-vec16", "cpu-amx", "flash"])
 def test_gather_layers_into_matches_gather(backend, isa, kbs, dtype):
-    """A dump's block tensor [n, layers, 2, H, D]: equal to per-layer `gather` for slots that start
-    mid-page, cross pages and manager blocks, jump back, and for a lone slot."""
+    """A dump's block tensor [n, layers, 2, H, D]: equal to per-layer `gather` for whole pages, slots
+    that start mid-page, cross pages and manager blocks, jump back, and for a lone slot (on CPU
+    pages through the native copy where it is built: checked to have run)."""
     gen = torch.Generator().manual_seed(12)
     caches = [_rand((6, H, kbs, 2 * D), dtype, gen) for _ in range(3)]
     layout = layout_for(caches[0], backend, 2 * kbs, H, D, **({"isa": isa} if isa else {}))
@@ -499,8 +501,14 @@ def test_gather_layers_into_matches_gather(backend, isa, kbs, dtype):
         slots_for_positions(table, torch.arange(3, 3 + 2 * kbs + 5), 2 * kbs),
         torch.tensor([7, 8, 9, 3 * kbs + 1, 3 * kbs + 2, 0]),
         torch.tensor([kbs - 1]),
+        torch.arange(kbs, 3 * kbs),
         torch.empty(0, dtype=torch.long),
     ]
+    if backend == "CPU_ATTN" and NATIVE_ISAS:  # the native module is built
+        from ucm.integration.vllm.kv_layout.base import _page_runs
+
+        out = torch.empty(2 * kbs, len(caches), 2, H, D, dtype=dtype)
+        assert gather_page_runs(caches, _page_runs(cases[-2], kbs), out, kbs, layout.page_format)
     for slots in cases:
         out = torch.full((len(slots), len(caches), 2, H, D), float("nan"), dtype=dtype)
         layout.gather_layers_into(caches, slots, out)

@@ -252,3 +252,32 @@ def _helper_cpus() -> list[int]:
     if key not in _HELPER_CPUS:
         _HELPER_CPUS[key] = sorted(other_cpus())
     return _HELPER_CPUS[key]
+
+
+def gather_page_runs(caches: list[torch.Tensor], runs: list[tuple[int, int, int, int]], out: torch.Tensor,
+                     page_size: int, page_format: str = "vec") -> bool:
+    """Copies the K/V of runs of tokens out of every layer's pages into ``out`` (``[n, layers, 2,
+    H, D]``, the store's token-major block form): ``out[i:i+n, layer]`` from tokens ``o:o+n`` of
+    page ``p``, for each run ``(i, p, o, n)``. Pages as `paged_causal_attention` reads them, each
+    cache ``[num_pages, H, page_size, 2 * D]``. False (nothing copied) where the native kernel is
+    not built or the tensors do not fit it; the caller copies then."""
+    if _native is None or not hasattr(_native, "gather_page_runs") or not caches or not runs:
+        return False
+    dtype = caches[0].dtype
+    if ((dtype, page_format) not in PAGE_FORMATS or out.dtype != dtype or not out.is_contiguous()
+            or out.device.type != "cpu" or out.dim() != 5 or out.shape[1] != len(caches)):
+        return False
+    h, d = out.shape[3], out.shape[4]
+    if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
+           or tuple(c.shape[1:]) != (h, page_size, 2 * d) for c in caches):
+        return False
+    if page_format == "amx" and (page_size % 32 or d % 32):
+        return False
+    table = torch.tensor(runs, dtype=torch.long).reshape(-1, 4)
+    if int(table[:, 0].add(table[:, 3]).max()) > out.shape[0] or int(table[:, 1].max()) >= caches[0].shape[0]:
+        raise ValueError("gather_page_runs: a run falls outside out or the pages")
+    _native.gather_page_runs([c.data_ptr() for c in caches], table.data_ptr(), table.shape[0],
+                             PAGE_FORMATS[(dtype, page_format)], dtype.itemsize, h * 2 * page_size * d,
+                             2 * page_size * d, h, d, page_size, out.data_ptr(), torch.get_num_threads(),
+                             _helper_cpus())
+    return True

@@ -9,6 +9,7 @@ import functools
 import torch
 
 from ucm.integration.vllm.kv_layout.base import KVLayout, _all_slots, _page_runs
+from ucm.sparse.blend.tiled_attention import gather_page_runs
 
 # ISAs of vLLM's CPU attention whose cache layout is the transposed-K one.
 _TRANSPOSED_K_ISAS = ("vec", "vec16")
@@ -97,11 +98,18 @@ class CpuKVLayout(KVLayout):
         return kt[b, :, :, o], vv[b, :, o, :]
 
     def gather_layers_into(self, kv_caches, slots, out):
-        if self._k_map is not None or not kv_caches:
-            return super().gather_layers_into(kv_caches, slots, out)
+        if not kv_caches:
+            return
         for cache in kv_caches:
             self._check(cache)
         runs = _page_runs(self._slots(slots, torch.device("cpu")), self.kernel_block_size)
+        # The native copy (ucm/sparse/blend/tiled_attention.py): torch's strided copies of the
+        # transposed K (vec) or of the tiles (amx) cost several times more.
+        fmt = "amx" if self._k_map is not None and self._vnni_tiles() else "vec" if self._k_map is None else None
+        if fmt is not None and gather_page_runs(kv_caches, runs, out, self.kernel_block_size, fmt):
+            return
+        if self._k_map is not None:
+            return super().gather_layers_into(kv_caches, slots, out)
         # Straight page-to-block copies of each run of consecutive slots (a block's tokens sit in
         # one or two pages): faster than `gather`'s per-token advanced indexing, and no temporaries.
         for layer, cache in enumerate(kv_caches):

@@ -570,10 +570,15 @@ STUDY_RUNS = [
 ]
 # The README's replay rows: the latest replay with plain vLLM on each kind of host (a label for all but the first).
 HEADLINE_SERVE = [("serve_bench_c4_native_bf16.json", ""),
-                  ("serve_bench_c4_amx_bf16.json", "an AMX host")]
+                  ("serve_bench_c4_amx_gather_bf16.json", "an AMX host")]
 SERVE_RUN = ("serve_bench.json", "python benchmarks/serve_bench.py --out benchmarks/results/serve_bench.json")
 # Later replays of some of its loads: (file, title, command); answers compared with SERVE_RUN's.
 SERVE_RERUNS = [
+    ("serve_bench_c4_amx_gather_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server compiled, "
+     "on the Intel Xeon host with AMX of the run below, with a dump's blocks gathered by the native copy "
+     "(2026-12-01, a twentieth session), nothing else running",
+     "python benchmarks/serve_bench.py --concurrency 1,4 --dtype bfloat16 --no-plot "
+     "--out benchmarks/results/serve_bench_c4_amx_gather_bf16.json"),
     ("serve_bench_c4_amx_bf16.json", "Serving under load in bfloat16 against plain vLLM, every server compiled, on an "
      "Intel Xeon host with AMX, with the AMX variant of Blend's attention and the KV shift by whole pages "
      "(2026-12-01, a twentieth session), nothing else running",
@@ -1036,8 +1041,9 @@ LATEST = [
     ("Blend on an AMX host: SmolLM2, 6 MuSiQue questions, the code before", "kernel_dot_amxhost_musique6_bf16.json"),
     ("Quality and speed on Qwen2.5-Coder-0.5B-Instruct, long prompts", "qwen05_long_shares_bf16_gen8.json"),
     ("Offline on all of MuSiQue (SmolLM2)", HEADLINE_RUN),
-    ("Serving replay on an AMX host: passages indexed, then asked in another order, compiled, the AMX attention",
-     "serve_bench_c4_amx_bf16.json"),
+    ("Serving replay on an AMX host: passages indexed, then asked in another order, compiled, the AMX attention "
+     "and the native dump gather", "serve_bench_c4_amx_gather_bf16.json"),
+    ("Serving replay on an AMX host: the AMX attention, dumps gathered by torch", "serve_bench_c4_amx_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled, the attention of 2026-11-29",
      "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),

@@ -1430,11 +1430,6 @@ def _headline_serve(data: dict, host: str) -> list[str]:
             rows.append(f"| `vllm serve`, ~{data['mean_prompt_tokens']:.0f}-token MuSiQue prompts, passages indexed first "
                         f"({data.get('dtype', 'float32')}, {_kv_shift(data)}{where}), {what}, 1 at a time | "
                         f"{on['ttft_p50_s']:.2f} s | {off['ttft_p50_s']:.2f} s | {off['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
-            plain = by.get(("plain", c))
-            if plain:
-                rows.append(f"| the same, against plain vLLM (no connector, prefix caching on), TTFT p50 | "
-                            f"{on['ttft_p50_s']:.2f} s | {plain['ttft_p50_s']:.2f} s | "
-                            f"{plain['ttft_p50_s'] / on['ttft_p50_s']:.2f}x |")
         else:
             rows.append(f"| the same, {what} at concurrency {c} ({on['blended']}/{on['requests']} blended) | "
                         f"{on['requests_per_s']:.3f} | {off['requests_per_s']:.3f} | "

@@ -21,6 +21,8 @@
 // softmax weights are rounded to bfloat16, as vLLM's AMX kernel rounds them; sums stay float32. In the vec16 layout a key pair (QK: dims d, d+1; P.V: keys j, j+1) is formed
 // by interleaving two rows, which permutes lanes within 128-bit blocks: scores are put back in key
 // order per block, the output accumulates in that permuted dim order and is put back on write.
+// On CPUs with AMX a fourth variant multiplies AMX pages with tiles (namespace amx, below), with
+// the dot variant's rounding; it is the default there, and other pages there run widened.
 //
 // Each variant is compiled via a target attribute and only called where the CPU has it;
 // `isas()` lists them (best first), `supports()` says whether any applies, and Python falls back

@@ -119,8 +119,6 @@ NATIVE_ISAS = () if _native is None else tuple(
     for name, value in (("amx", _native.AMX), ("avx512_bf16", _native.AVX512_BF16), ("avx512", _native.AVX512),
                         ("avx2", _native.AVX2))
     if code == value)
-# Variants that round a bfloat16 page's queries and softmax weights to bfloat16 (on the pages they take).
-BF16_PRODUCT_ISAS = ("amx", "avx512_bf16")
 
 # Page formats of the native kernel: (page dtype, vLLM CPU attention ISA family) -> its code.
 PAGE_FORMATS = {} if _native is None else {

@@ -105,11 +105,12 @@ class CpuKVLayout(KVLayout):
         runs = _page_runs(self._slots(slots, torch.device("cpu")), self.kernel_block_size)
         # The native copy (ucm/sparse/blend/tiled_attention.py): torch's strided copies of the
         # transposed K (vec) or of the tiles (amx) cost several times more.
-        fmt = "amx" if self._k_map is not None and self._vnni_tiles() else "vec" if self._k_map is None else None
-        if fmt is not None and gather_page_runs(kv_caches, runs, out, self.kernel_block_size, fmt):
+        if self._k_map is not None:  # amx: natively where the map is the VNNI tiling it reads
+            if not (self._vnni_tiles() and gather_page_runs(kv_caches, runs, out, self.kernel_block_size, "amx")):
+                super().gather_layers_into(kv_caches, slots, out)
             return
-        if self._k_map is not None:
-            return super().gather_layers_into(kv_caches, slots, out)
+        if gather_page_runs(kv_caches, runs, out, self.kernel_block_size, "vec"):
+            return
         # Straight page-to-block copies of each run of consecutive slots (a block's tokens sit in
         # one or two pages): faster than `gather`'s per-token advanced indexing, and no temporaries.
         for layer, cache in enumerate(kv_caches):

@@ -35,7 +35,7 @@ from ucm.eval.quiet import quiet_vllm
 quiet_vllm()  # before vLLM is imported: keep the progress bar readable (VLLM_LOGGING_LEVEL=INFO for vLLM's logs)
 
 from ucm.eval.modes import (SWEEP_RATIOS, blend_mode, Mode, modes_for, pareto_modes, parse_ratios,  # noqa: E402
-                            plus_chunk_start, plus_kv_shift)
+                            plus_chunk_start, plus_kv_shift, plus_shift_sample)
 from ucm.argparse_help import HelpFormatter  # noqa: E402
 from ucm.eval.engine import (add_run_args, check_run_args, examples_and_model, kv_shift_note, run_on_engine,  # noqa: E402
                              run_store)
@@ -80,8 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plus-kv-shift", type=float, nargs="?", const=1.0, default=None, metavar="SHARE",
                    help="also run every ranked mode with the chunk-mean KV shift at SHARE of the mean (default 1; "
                         "0: none, whatever the engine's default; ucm_kv_shift)")
+    p.add_argument("--plus-shift-sample", default=None, metavar="SAMPLE[,SHARE]",
+                   help="also run every ranked mode with the KV shift (at SHARE, default 1) estimated from every "
+                        "(1/SAMPLE)-th token of each loaded chunk, recomputed within its ratio (ucm_kv_shift_sample)")
     p.add_argument("--only-added", action="store_true",
-                   help="with --plus-chunk-start / --plus-kv-shift: full prefill and the added modes only")
+                   help="with --plus-chunk-start / --plus-kv-shift / --plus-shift-sample: full prefill and the "
+                        "added modes only")
     p.add_argument("--index-related", type=int, default=0, metavar="K",
                    help="index each passage after the K passages of the run most similar to it (TF-IDF), as "
                         "FusionRAG prepares chunk KV; default 0: after the system message alone")
@@ -130,6 +134,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--kl-tokens must be >= 0")
     if args.plus_kv_shift is not None and not is_ratio(args.plus_kv_shift):
         p.error(f"--plus-kv-shift must be a share in [0, 1], got {args.plus_kv_shift:g}")
+    if args.plus_shift_sample is not None:
+        try:
+            args.plus_shift_sample = [float(x) for x in args.plus_shift_sample.split(",")]
+            plus_shift_sample([], *args.plus_shift_sample)
+        except (TypeError, ValueError) as exc:
+            p.error(f"--plus-shift-sample must be SAMPLE in (0, 0.5][,SHARE in [0, 1]]: {exc}")
     if args.dataset is None and not args.generated and DEFAULT_DATASET.is_file():
         args.dataset = str(DEFAULT_DATASET)
     if args.out is None and (args.sweep or args.pareto):
@@ -152,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         modes = modes_for(args.ratios if args.sweep else [args.ratio, 0.0], args.selections)
     added = (plus_chunk_start(modes, args.plus_chunk_start) if args.plus_chunk_start else []) + (
-        plus_kv_shift(modes, args.plus_kv_shift) if args.plus_kv_shift is not None else [])
+        plus_kv_shift(modes, args.plus_kv_shift) if args.plus_kv_shift is not None else []) + (
+        plus_shift_sample(modes, *args.plus_shift_sample) if args.plus_shift_sample else [])
     modes = [m for m in modes if m.is_full] + added if args.only_added else modes + added
     with contextlib.ExitStack() as stack:
         if args.mount is not None:  # the run's store is the mount's (removed with it at the end)

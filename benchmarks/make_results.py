@@ -103,6 +103,19 @@ QUALITY_RUNS = [
      f"{_AMX_HOST}: the code before (bfloat16 dot products on AMX pages, run from a worktree at 0774f04)",
      f"{_KERNEL} --out benchmarks/results/kernel_dot_amxhost_musique6_bf16.json (from a worktree at 0774f04, "
      "--dataset naming ../shared/data/musique_dev.json)"),
+    ("qwen15_musique8_shift_sample.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-7 (~6k tokens), the "
+     "default rule at 0.15 against the KV shift estimated from an evenly spaced 3% of every chunk (kv_shift_sample "
+     "0.03, recomputed within the ratio) at the whole mean (kv_shift 1.0), bfloat16, eager (2026-12-06, a "
+     "twenty-first session; AVX-512-BF16 host, nothing else running but edits)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 8 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query --plus-shift-sample 0.03 --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen15_musique8_shift_sample.json"),
+    ("qwen15_musique8_shift_sample_half.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-7 (~6k tokens), "
+     "the KV shift estimated from an evenly spaced 3% of every chunk at half the mean (kv_shift 0.5), bfloat16, "
+     "eager (2026-12-06, a twenty-first session, right after the run above)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 8 --max-tokens 16 --kl-tokens 1 --sweep "
+     "--ratios 0.15 --selections query --plus-shift-sample 0.03,0.5 --only-added --no-plot --enforce-eager "
+     "--out benchmarks/results/qwen15_musique8_shift_sample_half.json"),
     ("qwen15_musique8_shift1.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 0-7 (~6k tokens), the default "
      "kv_shift (0.5) against the whole chunk mean (1.0), the committed rule at 0.15, with the attention kernels of "
      "2026-11-29 (dot products, every run native), bfloat16, eager (other runs and tests shared the cores: TTFTs "
@@ -497,6 +510,13 @@ def _at_both_ratios(base: str, new: str) -> list[tuple[str, str]]:
 # (title, file of the base modes, file of the new modes, [(base mode, new mode)]): the same questions,
 # compared question by question.
 PAIRED = [
+    ("The KV shift estimated from an evenly spaced 3% of every chunk (kv_shift_sample 0.03) at the whole mean "
+     "against the default (the ranked tokens' mean at 0.5), Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, "
+     "bfloat16", "qwen15_musique8_shift_sample.json", "qwen15_musique8_shift_sample.json",
+     [("blend 0.15", "blend 0.15 +sample 0.03")]),
+    ("The same sample at half the mean against the default, Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, "
+     "bfloat16 (two runs back to back)", "qwen15_musique8_shift_sample.json",
+     "qwen15_musique8_shift_sample_half.json", [("blend 0.15", "blend 0.15 +sample 0.03 shift 0.5")]),
     ("kv_shift 1.0 against the default 0.5, Qwen2.5-Coder-1.5B-Instruct, MuSiQue questions 0-7, bfloat16",
      "qwen15_musique8_shift1.json", "qwen15_musique8_shift1.json", [("blend 0.15", "blend 0.15 +shift")]),
     ("The attention kernels of 2026-11-29 (dot products, every run native) against those before, "

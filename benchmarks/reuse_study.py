@@ -42,7 +42,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ucm.eval.datasets import generate_synthetic  # noqa: E402
+from ucm.eval.datasets import generate_synthetic, load_dataset  # noqa: E402
 from ucm.argparse_help import HelpFormatter  # noqa: E402
 from ucm.eval.metrics import normalize_answer, short_answer  # noqa: E402
 from ucm.eval.prompts import RELATED, build_prompt, chunk_end_token_id  # noqa: E402
@@ -162,24 +162,38 @@ def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: C
 
 
 def _shift_chunks(model, i, k, v, rows, stale, shift, pos) -> None:
-    chunk_of, reference, *parts = shift
-    parts = parts[0] if parts else "kv"
+    chunk_of, reference, *rest = shift
+    parts = rest[0] if rest else "kv"
+    share = rest[1] if len(rest) > 1 else 1.0
+    tau = rest[2] if len(rest) > 2 else None
+    sources = rest[3] if len(rest) > 3 else None  # rows whose error may estimate the shift (None: every computed)
     for c in chunk_of.unique().tolist():
         if c < 0:
             continue
         mine = chunk_of == c
         src = mine if reference is not None else mine & rows
+        if sources is not None:
+            src = src & torch.cat([sources, sources.new_zeros(len(src) - len(sources))])
         dst = mine & ~rows
         if not bool(src.any()) or not bool(dst.any()):
             continue
         fk = (reference.k[i] if reference is not None else k)[src]
         fv = (reference.v[i] if reference is not None else v)[src]
-        dk = (model.rope(fk, -pos[src]) - model.rope(stale.k[i][src], -pos[src])).mean(0)
-        dv = (fv - stale.v[i][src]).mean(0)
+        ek = model.rope(fk, -pos[src]) - model.rope(stale.k[i][src], -pos[src])
+        ev = fv - stale.v[i][src]
+        if tau is None:
+            dk, dv = ek.mean(0), ev.mean(0)
+        else:  # each target's own estimate: nearby recomputed tokens' errors, shrunk to the chunk mean
+            gap = (pos[dst][:, None] - pos[src][None, :]).abs().float()
+            w = torch.exp(-gap / tau)
+            prior = 1.0  # weight of the chunk mean, as one token at distance 0
+            denom = w.sum(1, keepdim=True) + prior
+            dk = (torch.einsum("ts,shd->thd", w, ek) + prior * ek.mean(0)) / denom[:, :, None]
+            dv = (torch.einsum("ts,shd->thd", w, ev) + prior * ev.mean(0)) / denom[:, :, None]
         if "k" in parts:
-            k[dst] = model.rope(model.rope(k[dst], -pos[dst]) + dk, pos[dst])
+            k[dst] = model.rope(model.rope(k[dst], -pos[dst]) + share * dk, pos[dst])
         if "v" in parts:
-            v[dst] = v[dst] + dv
+            v[dst] = v[dst] + share * dv
 
 
 def chunk_spans(lengths: list[int]) -> list[tuple[int, int]]:
@@ -278,6 +292,17 @@ def main(argv=None) -> int:
     p.add_argument("--shift", action="store_true", help="also the chunk-mean KV shift variants ('+shift': the "
                    "mean error of the recomputed tokens; '+true shift': of all the chunk's tokens under full prefill)")
     p.add_argument("--shift-parts", action="store_true", help="also the shift of V alone and of K alone")
+    p.add_argument("--share", type=float, default=1.0, help="share of the estimated error the '+shift' variants add")
+    p.add_argument("--local-shift", default="", help="comma-separated scales (tokens): '+local T' variants estimate "
+                   "each token's error from its chunk's recomputed tokens weighted by exp(-distance / T), shrunk to the "
+                   "chunk mean")
+    p.add_argument("--sample", default="", help="comma-separated shares of the loaded tokens: '+sample F' variants "
+                   "recompute every (1/F)-th token of each chunk within the ratio (the rest by the oracle) and estimate "
+                   "the shift from those evenly spaced tokens alone, an unbiased sample of the chunk")
+    p.add_argument("--model", default=None, help="a model of ucm.models' catalogue (default: the embedded one)")
+    p.add_argument("--data", default=None, help="a data set (CacheBlend JSON) instead of the generated questions")
+    p.add_argument("--skip-questions", type=int, default=0)
+    p.add_argument("--only", default="", help="comma-separated variant name prefixes to run (default: all)")
     p.add_argument("--no-chunks", action="store_true", help="leave out the whole-chunk variants")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "reuse_study.json"),
@@ -286,13 +311,18 @@ def main(argv=None) -> int:
     torch.set_grad_enabled(False)
     from ucm.models import prepare
 
-    model = Llama(str(prepare()))
+    path = str(prepare(model=args.model) if args.model else prepare())
+    model = Llama(path)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(prepare()))
+    tok = AutoTokenizer.from_pretrained(path)
     marker = chunk_end_token_id(tok)
-    examples = generate_synthetic(num_examples=args.num_questions, passages_per_example=args.passages,
-                                  passage_words=args.passage_words)
+    if args.data:
+        examples = load_dataset(args.data, limit=args.num_questions, skip=args.skip_questions)
+    else:
+        examples = generate_synthetic(num_examples=args.num_questions + args.skip_questions,
+                                      passages_per_example=args.passages,
+                                      passage_words=args.passage_words)[args.skip_questions:]
     pool = list(dict.fromkeys(q for ex in examples for q in ex.passages))
     related = {pool[i]: [pool[j] for j in js] for i, js in enumerate(related_passages(pool, args.related))}
     ratios = [float(r) for r in args.ratios.split(",") if r]
@@ -341,7 +371,22 @@ def main(argv=None) -> int:
             sel = topk_mask(score, loaded, k)
             variants[f"oracle {r:g}"] = ([~loaded | sel] * L, stale)
             if args.shift:
-                variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, (chunk_of, None))
+                variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, (chunk_of, None, "kv", args.share))
+            for f in [float(t) for t in args.sample.split(",") if t]:
+                even = torch.zeros(n, dtype=torch.bool)
+                for a, b in spans[2:]:
+                    step = max(1, round(1 / f))
+                    even[a + step // 2:b:step] = True
+                even &= loaded
+                rest = topk_mask(score, loaded & ~even, max(0, k - int(even.sum())))
+                chosen = [~loaded | even | rest] * L
+                variants[f"oracle {r:g} +sample {f:g}"] = (chosen, stale, (chunk_of, None, "kv", 1.0, None, even))
+                variants[f"oracle {r:g} +sample {f:g} s{args.share:g}"] = (
+                    chosen, stale, (chunk_of, None, "kv", args.share, None, even))
+                variants[f"oracle {r:g} +sample {f:g} all"] = (chosen, stale, (chunk_of, None, "kv", args.share))
+            for tau in [float(t) for t in args.local_shift.split(",") if t]:
+                variants[f"oracle {r:g} +local {tau:g}"] = ([~loaded | sel] * L, stale,
+                                                           (chunk_of, None, "kv", args.share, tau))
                 variants[f"oracle {r:g} +true shift"] = ([~loaded | sel] * L, stale, (chunk_of, full_cache))
             if args.shift_parts:
                 variants[f"oracle {r:g} +shift v"] = ([~loaded | sel] * L, stale, (chunk_of, None, "v"))
@@ -367,6 +412,8 @@ def main(argv=None) -> int:
                         for c in range(len(ex.passages))]
             rel = stale_cache(model, ids, spans, contexts)
             variants[f"related {args.related}"] = ([~loaded] * L, rel)
+        if args.only:
+            variants = {k: v for k, v in variants.items() if any(k.startswith(o) for o in args.only.split(","))}
         row = {"question": qi, "prompt_tokens": n, "full_answer": short_answer(full_text), "variants": {}}
         for name, (computed, cache, *shift) in variants.items():
             lp, out_ids = answer_with(model, ids, computed, cache, forced, args.max_tokens, tok,

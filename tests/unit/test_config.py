@@ -562,6 +562,20 @@ def test_kv_shift_is_a_share():
             config(kv_shift=bad)
 
 
+def test_kv_shift_sample_is_a_share_up_to_a_half():
+    from ucm.config import BlendConfig, UCMConfigError
+
+    layer = "model.layers.1.self_attn.attn"
+
+    def config(**meta):
+        return BlendConfig.from_dict({"chunk_end_token_id": 2, "compute_meta": {layer: {"ratio": 0.15, **meta}}})
+
+    assert config().kv_shift_sample == 0.0 and config(kv_shift_sample=0.03).kv_shift_sample == 0.03
+    for bad in (0.6, -0.1, True, "0.03", None):
+        with pytest.raises(UCMConfigError, match=r"kv_shift_sample must be a number in \[0, 0.5\]"):
+            config(kv_shift_sample=bad)
+
+
 def test_several_check_layers_narrow_with_depth():
     """CacheBlend's gradual filtering: the shallowest layer is the check layer (with every key),
     the deeper ones give the ratio the selection narrows to there, in layer order."""

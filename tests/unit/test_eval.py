@@ -349,6 +349,18 @@ def test_plus_kv_shift_repeats_the_ranked_modes_with_a_share_of_the_shift():
         plus_kv_shift(modes, 1.5)
 
 
+def test_plus_shift_sample_repeats_the_ranked_modes_with_a_sampled_shift():
+    from ucm.eval.modes import modes_for, plus_shift_sample
+
+    modes = modes_for([0, 0.15, 1], ["query", "chunk_start"])
+    assert [(m.name, m.kv_shift, m.kv_shift_sample) for m in plus_shift_sample(modes, 0.03)] == [
+        ("blend 0.15 +sample 0.03", 1.0, 0.03)]
+    assert [m.name for m in plus_shift_sample(modes, 0.05, 0.5)] == ["blend 0.15 +sample 0.05 shift 0.5"]
+    for bad in (0, 0.6):
+        with pytest.raises(ValueError, match="kv_shift_sample"):
+            plus_shift_sample(modes, bad)
+
+
 def test_related_passages_are_the_most_similar_others():
     from ucm.eval.related import related_passages
 

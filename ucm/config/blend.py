@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from ucm.config.checks import UCMConfigError, _key, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
-from ucm.config.names import (BLEND_KEYS, BLEND_SELECTIONS, CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT, LAYER_META_KEYS,
+from ucm.config.names import (BLEND_KEYS, BLEND_SELECTIONS, CHUNK_STORE_POLICIES, KV_SHIFT_DEFAULT,
+                              KV_SHIFT_SAMPLE_DEFAULT, LAYER_META_KEYS,
                               MIN_HIT_SHARE_DEFAULT, QUERY_SELECTION, REQUEST_PARAMS, STEP_CAP_PER_BUDGET)
 from ucm.sparse.blend.admission import ADAPTIVE, ADMISSION_POLICIES
-from ucm.sparse.blend.vocabulary import Selection, check_chunk_start_tokens, is_ratio, kv_shift_share
+from ucm.sparse.blend.vocabulary import (MAX_SHIFT_SAMPLE, Selection, check_chunk_start_tokens, is_ratio,
+                                          kv_shift_share, shift_sample_share)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ class BlendConfig:
     # 0: off. true is 1 and false 0. Default 0.5, the share that brought the next-token KL to full
     # prefill lowest for little time (docs/research.md, "A share of the mean").
     kv_shift: float = KV_SHIFT_DEFAULT
+    # Share of every loaded chunk's tokens, evenly spaced, recomputed first (within the ratio) to
+    # estimate the shift from them alone: the ranked tokens are the stalest, so their mean error is
+    # biased (docs/research.md, "An unbiased sample for the shift"). 0: estimated from the ranked tokens.
+    kv_shift_sample: float = KV_SHIFT_SAMPLE_DEFAULT
     # Cap on the rows the Blend forward runs outside vLLM's step budget (misses inside the
     # blended region and the recomputed share), summed over the requests blended in one step;
     # None: 4 x vLLM's max_num_batched_tokens. A region with more is cut to fit (docs/serving.md).
@@ -201,6 +207,10 @@ class BlendConfig:
         if kv_shift is None:
             raise UCMConfigError(f"{layer_path}.kv_shift must be a number in [0, 1] (or true / false), "
                                  f"got {layer_meta['kv_shift']!r}")
+        kv_shift_sample = shift_sample_share(layer_meta.get("kv_shift_sample", KV_SHIFT_SAMPLE_DEFAULT))
+        if kv_shift_sample is None:
+            raise UCMConfigError(f"{layer_path}.kv_shift_sample must be a number in [0, {MAX_SHIFT_SAMPLE:g}], "
+                                 f"got {layer_meta['kv_shift_sample']!r}")
         ratio = _require(layer_meta, "ratio", layer_path)
         if not is_ratio(ratio):
             raise UCMConfigError(f"{layer_path}.ratio must be a number in [0, 1], got {ratio!r}")
@@ -226,6 +236,7 @@ class BlendConfig:
             selection=selection,
             chunk_start_tokens=chunk_start_tokens,
             kv_shift=kv_shift,
+            kv_shift_sample=kv_shift_sample,
             max_step_tokens=cap,
             request_params=request_params,
             allow_oracle=allow_oracle,

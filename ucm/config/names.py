@@ -56,13 +56,17 @@ MIN_HIT_SHARE_DEFAULT = 0.25
 # blended request is rarely cut and loses no reuse (docs/serving.md, "Bounded steps").
 STEP_CAP_PER_BUDGET = 4
 KV_SHIFT_PARAM = "ucm_kv_shift"  # share in [0, 1] of its chunk's mean error the reused KV is moved by (kv_shift.py)
+# Share of every loaded chunk's tokens, evenly spaced, recomputed within the ratio to estimate the KV shift alone
+# (an unbiased sample of the chunk; 0: the shift is estimated from the ranked tokens).
+KV_SHIFT_SAMPLE_PARAM = "ucm_kv_shift_sample"
+KV_SHIFT_SAMPLE_DEFAULT = 0.0
 # true: store the request's KV on its first sighting, as an indexing request's (ucm_sparse_config.Blend.admission).
 INDEX_PARAM = "ucm_index"
 REQUEST_PARAMS = (CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM, EXACT_PREFIX_PARAM,
-                  CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, INDEX_PARAM)
+                  CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, KV_SHIFT_SAMPLE_PARAM, INDEX_PARAM)
 
 # The keys of ucm_sparse_config.Blend and of one compute_meta entry (docs/configuration.md lists each).
 BLEND_KEYS = frozenset({"chunk_end_token_id", "chunk_separator", "compute_meta", "max_step_tokens", "request_params", "allow_oracle",
                         "chunk_store", "min_hit_share", "chunk_refs", "background_chunks", "admission"})
-LAYER_META_KEYS = frozenset({"ratio", "selection", "chunk_start_tokens", "kv_shift"})
+LAYER_META_KEYS = frozenset({"ratio", "selection", "chunk_start_tokens", "kv_shift", "kv_shift_sample"})
 

@@ -93,7 +93,7 @@ class BlendEvaluator:
 
     def params(self, max_tokens: int, chunk_lengths: Sequence[int], ratio: float | None = None,
                disable_blend: bool = False, selection: str | None = None, chunk_start_tokens: int | None = None,
-               logprobs: int | None = None, kv_shift: float | None = None):
+               logprobs: int | None = None, kv_shift: float | None = None, kv_shift_sample: float | None = None):
         from vllm import SamplingParams
 
         kv: dict[str, Any] = {"ucm_chunk_lengths": list(chunk_lengths), "ucm_exact_prefix": False}
@@ -107,13 +107,15 @@ class BlendEvaluator:
             kv["ucm_chunk_start_tokens"] = chunk_start_tokens
         if kv_shift is not None:
             kv["ucm_kv_shift"] = kv_shift
+        if kv_shift_sample is not None:
+            kv["ucm_kv_shift_sample"] = kv_shift_sample
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs,
                               extra_args={"kv_transfer_params": kv})
 
     def mode_params(self, max_tokens: int, chunked: ChunkedPrompt, mode: Mode, logprobs: int | None = None):
         return self.params(max_tokens, chunked.chunk_lengths, ratio=mode.ratio, disable_blend=mode.is_full,
                            selection=mode.selection, chunk_start_tokens=mode.chunk_start_tokens, logprobs=logprobs,
-                           kv_shift=mode.kv_shift)
+                           kv_shift=mode.kv_shift, kv_shift_sample=mode.kv_shift_sample)
 
     def next_token_logprobs(self, chunked: ChunkedPrompt, mode: Mode, answer_ids: Sequence[int]) -> list:
         """The mode's next-token log-probabilities (``[vocab]`` float32 tensors) after the prompt

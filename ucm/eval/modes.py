@@ -24,6 +24,8 @@ class Mode:
     chunk_start_tokens: int | None = None
     # Share of its chunk's mean error the reused KV is moved by (sparse/blend/kv_shift.py); None: the engine's.
     kv_shift: float | None = None
+    # Share of every loaded chunk's tokens, evenly spaced, recomputed to estimate that shift alone; None: the engine's.
+    kv_shift_sample: float | None = None
 
     @property
     def is_full(self) -> bool:
@@ -83,6 +85,17 @@ def plus_kv_shift(modes: Iterable[Mode], share: float = 1.0) -> list[Mode]:
     suffix = "+shift" if share == 1 else f"+shift {share:g}"
     return [Mode(f"{m.name} {suffix}", m.ratio, m.selection, m.chunk_start_tokens, float(share)) for m in modes
             if m.selection not in (None, Selection.CHUNK_START.label) and m.kv_shift is None]
+
+
+def plus_shift_sample(modes: Iterable[Mode], sample: float, share: float = 1.0) -> list[Mode]:
+    """Each ranked mode again with the KV shift at `share` estimated from an evenly spaced `sample`
+    of every loaded chunk's tokens, recomputed within its ratio ("blend 0.15 +sample 0.03")."""
+    check_ratio(share, "kv_shift share")
+    if not 0 < sample <= 0.5:
+        raise ValueError(f"kv_shift_sample must be in (0, 0.5], got {sample!r}")
+    suffix = f"+sample {sample:g}" + ("" if share == 1 else f" shift {share:g}")
+    return [Mode(f"{m.name} {suffix}", m.ratio, m.selection, m.chunk_start_tokens, float(share), float(sample))
+            for m in modes if m.selection not in (None, Selection.CHUNK_START.label) and m.kv_shift is None]
 
 
 def pareto_modes(ratios: Iterable[float], selections: Iterable[str], chunk_start_ks: Iterable[int]) -> list[Mode]:

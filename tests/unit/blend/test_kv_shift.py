@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts
+from ucm.sparse.blend.kv_shift import chunk_mean_errors, kv_shifts, sampled_offsets, shift_sources
 from ucm.sparse.blend.rope import Rotation, rotate_keys
 
 
@@ -55,3 +55,38 @@ def test_mismatched_shapes_name_the_problem():
     with pytest.raises(ValueError, match="must cover the same tokens"):
         chunk_mean_errors(torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8),
                           torch.zeros(2, dtype=torch.long), 1, Rotation.of(torch.zeros(3, dtype=torch.long), cs, True))
+
+
+def test_a_sample_takes_every_stride_th_token_from_half_a_stride_in():
+    offsets = torch.tensor([-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2])
+    assert offsets[sampled_offsets(offsets, 4)].tolist() == [2, 6, 10, 2]
+    assert offsets[sampled_offsets(offsets, 1)].tolist() == offsets[offsets >= 0].tolist()  # stride 1: all
+
+
+def test_a_sampling_requests_chunks_are_estimated_from_their_sample_rows_alone():
+    # Rows 0-3: a request estimating from all its recomputed rows (chunk 0). Rows 4-9: a sampling
+    # request, chunk 1 with sample rows 5 and 8, chunk 2 (short) with none: its ranked rows stand in.
+    # Row 10: not a recomputed loaded row.
+    chunk = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, -1])
+    sample = torch.tensor([0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
+    sampling = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1], dtype=torch.bool)
+    got = shift_sources(chunk, sample, sampling, num_chunks=3)
+    assert torch.nonzero(got).flatten().tolist() == [0, 1, 2, 3, 5, 7, 8, 9]
+
+
+def test_a_sample_recovers_a_chunks_mean_error_where_the_stalest_rows_overshoot_it():
+    # The error grows with a token's rank (the ranked rows are the stalest): the ranked rows' mean
+    # overshoots the chunk's, an evenly spaced sample's is close to it.
+    n, heads, d = 400, 1, 8
+    err = torch.linspace(0, 2, n)[:, None, None] * torch.ones(n, heads, d)
+    ranked = torch.zeros(n, dtype=torch.bool)
+    ranked[-60:] = True  # the 15% with the largest error
+    sample = sampled_offsets(torch.arange(n), 33)
+    cs = rope_cache(max_pos=n, dim=d)
+    for rows, near in ((ranked, False), (sample, True)):
+        idx = torch.nonzero(rows).flatten()
+        zero = torch.zeros(len(idx), heads, d)
+        dk, dv, has = chunk_mean_errors(err[idx], zero, err[idx], zero, torch.zeros(len(idx), dtype=torch.long), 1,
+                                        Rotation.of(torch.zeros(len(idx), dtype=torch.long), cs, True))
+        assert bool(has[0])
+        assert (abs(float(dv.mean()) - float(err.mean())) < 0.05) == near

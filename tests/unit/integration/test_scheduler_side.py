@@ -1073,3 +1073,14 @@ def test_a_request_whose_background_read_failed_stores_nothing(tmp_path):
     new.num_computed_tokens = 4  # truncated to before the failed block
     meta, _ = step(side, [new], {"a": len(tokens) - 4})
     assert not any(r.dumps or r.prefix_loads for r in meta.requests)
+
+
+@pytest.mark.parametrize("knobs,configured,expected", [
+    ({}, 0.0, 0.0), ({}, 0.03, 0.03), ({"ucm_kv_shift_sample": 0.05}, 0.0, 0.05),
+    ({"ucm_kv_shift_sample": 0}, 0.03, 0.0),
+    # refused with a warning: the configured value
+    ({"ucm_kv_shift_sample": 0.9}, 0.03, 0.03), ({"ucm_kv_shift_sample": "x"}, 0.0, 0.0),
+])
+def test_kv_shift_sample_per_request(tmp_path, monkeypatch, knobs, configured, expected):
+    region, report = _blended_with(tmp_path, monkeypatch, knobs, kv_shift_sample=configured)
+    assert region.kv_shift_sample == expected and report["kv_shift_sample"] == expected

@@ -57,6 +57,7 @@ class RegionRows:
     chunk_starts: torch.Tensor  # [c] sorted prompt positions where its loaded chunks start
     chunk_start_tokens: int  # recomputed at the start of every loaded chunk before any ranking
     kv_shift: float  # share of its chunk's mean error the KV not recomputed is moved by (0: off)
+    kv_shift_sample: float = 0.0  # share of each loaded chunk's tokens, evenly spaced, that estimate the shift
 
 
 @dataclass

@@ -15,9 +15,9 @@ for its other tokens j, with a share ``s`` in [0, 1]. A chunk none of whose toke
 left as stored.
 
 Why a share below 1: the recomputed tokens are the ones ranked stalest, so their mean error
-likely overshoots the typical token's. On generated questions 100-199 at ratio 0.15, greedy
-agreement with full prefill was 78% without the shift, 83% / 84% / 82% / 78% with shares 0.25 /
-0.5 / 0.75 / 1 (docs/research.md).
+likely overshoots the typical token's (docs/research.md, "A share of the mean"). An unbiased
+estimate instead: an evenly spaced sample of each chunk's tokens recomputed within the ratio
+(`kv_shift_sample`), whose mean error alone is the chunk's estimate (`shift_sources`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from ucm.sparse.blend.rope import Rotation
 
-__all__ = ["chunk_mean_errors", "kv_shifts"]
+__all__ = ["chunk_mean_errors", "kv_shifts", "sampled_offsets", "shift_sources"]
 
 
 def chunk_mean_errors(
@@ -82,3 +82,22 @@ def kv_shifts(
     dv = torch.cat([dv * weight, zero])
     chunk = chunk.long()
     return rotate.apply(dk[chunk]), dv[chunk]
+
+
+def sampled_offsets(offsets: torch.Tensor, stride: int) -> torch.Tensor:
+    """``[n]`` bool: the tokens at `offsets` within their chunk (-1: in none) that an evenly spaced
+    sample takes, every `stride`-th from half a stride in (so a chunk's first token, often a
+    formatting token, is not one)."""
+    return (offsets >= 0) & (offsets % stride == stride // 2)
+
+
+def shift_sources(chunk: torch.Tensor, sample: torch.Tensor, sampling: torch.Tensor, num_chunks: int) -> torch.Tensor:
+    """``[n]`` bool: which recomputed rows estimate their chunk's mean error. ``chunk`` is each
+    recomputed row's loaded chunk (-1: not a loaded row), ``sample`` marks sample rows,
+    ``sampling`` the rows of requests estimating from a sample. Such a request's chunk is
+    estimated from its sample rows alone; one with no sample row recomputed (shorter than half a
+    stride) from its other recomputed rows, as without sampling."""
+    in_chunk = chunk >= 0
+    sampled = torch.zeros(num_chunks + 1, dtype=torch.bool, device=chunk.device)
+    sampled[chunk[in_chunk & sample]] = True
+    return in_chunk & (~sampling | sample | ~sampled[chunk])

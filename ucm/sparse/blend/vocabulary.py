@@ -77,6 +77,20 @@ def kv_shift_share(value: Any) -> float | None:
     return float(value) if is_ratio(value) else None
 
 
+MAX_SHIFT_SAMPLE = 0.5
+
+
+def shift_sample_share(value: Any) -> float | None:
+    """The share of every loaded chunk's tokens sampled, evenly spaced, to estimate its KV shift: a
+    number in [0, MAX_SHIFT_SAMPLE]; None if `value` is not one."""
+    return float(value) if is_ratio(value) and value <= MAX_SHIFT_SAMPLE else None
+
+
+def sample_stride(share: float) -> int:
+    """Every how many tokens of a chunk one is sampled at `share` (0: none)."""
+    return max(1, round(1 / share)) if share > 0 else 0
+
+
 def is_ratio(value: Any) -> bool:
     """A recompute ratio: a real number (not a bool) in [0, 1]."""
     return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

@@ -33,6 +33,7 @@ from ucm.integration.vllm.blend_step import BlendStep
 from ucm.integration.vllm.faults import inject
 from ucm.sparse.blend.gradual import narrowed
 from ucm.sparse.blend.hkvd import select_hkvd, token_deviation, token_deviation_l1
+from ucm.sparse.blend.kv_shift import shift_sources
 from ucm.sparse.blend.query_probe import (concentrated_mass, probe_candidates, probe_query_mask,
                                           query_weighted_score, rows_after_loaded, scored_layers)
 from ucm.sparse.blend.runs import pseudo_request_metadata
@@ -174,9 +175,9 @@ def _score_loaded_rows(model, step: BlendStep, batch: ForwardBatch, roles: _RowR
 
 def _select(step: BlendStep, batch: ForwardBatch, roles: _RowRoles, score: torch.Tensor) -> torch.Tensor:
     """The loaded rows recomputed: each request's top ratio by score, chunk-start rows (EPIC)
-    first and, for "chunk_start" requests, alone."""
+    and the KV shift's sample rows first (within the ratio) and, for "chunk_start" requests, alone."""
     segment = batch.rows.segment
-    score = torch.where(batch.near_chunk_start, torch.full_like(score, float("inf")), score)
+    score = torch.where(batch.near_chunk_start | batch.shift_sample[0], torch.full_like(score, float("inf")), score)
     inject("select")
     selected = select_hkvd(score, roles.loaded & ~roles.at_starts[segment], segment, batch.ratios,
                            num_segments=batch.ratios.shape[0])
@@ -275,13 +276,16 @@ def _narrow(layer, layer_index: int, step: BlendStep, batch: ForwardBatch, roles
 def _kv_shift_plan(batch: ForwardBatch, step: BlendStep, left_out: torch.Tensor, idx: torch.Tensor,
                    idx_loaded: torch.Tensor) -> KVShiftPlan | None:
     """The main pass's chunk-mean KV shift: its loaded rows (`idx_loaded` over the pass rows `idx`)
-    estimate each chunk's error, the loaded rows `left_out` of chunks with an estimate are moved;
-    None when nothing moves (no request shifts, or none recomputes a loaded row: full reuse)."""
+    estimate each chunk's error (only its sample rows where the request samples and the chunk has
+    one in the pass), the loaded rows `left_out` of chunks with an estimate are moved; None when
+    nothing moves (no request shifts, or none recomputes a loaded row: full reuse)."""
     chunk, shares = batch.chunk_of
     if not shares.numel() or step.rope is None:
         return None
     b = batch.rows
-    src = torch.nonzero(idx_loaded & (chunk[idx] >= 0)).flatten()
+    sample, sampling = (m[idx] for m in batch.shift_sample)
+    recomputed_chunk = torch.where(idx_loaded, chunk[idx], chunk.new_tensor(-1))
+    src = torch.nonzero(shift_sources(recomputed_chunk, sample, sampling, shares.shape[0])).flatten()
     src_rows = idx[src]
     estimated = torch.zeros(shares.shape[0] + 1, dtype=torch.bool, device=chunk.device)
     estimated[chunk[src_rows]] = True  # index -1 (rows outside the chunks) lands on the spare last slot

@@ -16,6 +16,8 @@ from ucm.integration.vllm.blend.lora_rows import LoraRows, within
 from ucm.integration.vllm.blend.passes import BlendRows
 from ucm.integration.vllm.blend.rank_faults import RankFaults
 from ucm.integration.vllm.blend_step import BlendStep
+from ucm.sparse.blend.kv_shift import sampled_offsets
+from ucm.sparse.blend.vocabulary import sample_stride
 
 
 @dataclass
@@ -30,6 +32,9 @@ class ForwardBatch:
     rules: torch.Tensor  # [num_reqs] selection code, -1 for requests not blending
     question_end: torch.Tensor  # [num_reqs] probe queries come from positions before this
     near_chunk_start: torch.Tensor  # [n] rows within the first chunk_start_tokens of their loaded chunk
+    # ([n] the evenly spaced rows of each loaded chunk that estimate its KV shift, [n] the rows of the
+    # requests that estimate it so: kv_shift_sample > 0)
+    shift_sample: tuple[torch.Tensor, torch.Tensor]
     # ([n] chunk index of rows of kv_shift requests, else -1; [num_chunks] each chunk's kv_shift share)
     chunk_of: tuple[torch.Tensor, torch.Tensor]
     scheduled: torch.Tensor | None  # rows of vLLM's scheduled tokens, in its order; None: all rows
@@ -67,7 +72,7 @@ def batch_with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_
         rows = BlendRows(fc, layer_names, step.layout, meta, positions[:n], slot_mapping, segment,
                          LoraRows.of(model, torch.arange(n, device=device)), faults)
         return ForwardBatch(rows, hidden, ratios, rules, question_end, near_chunk_start(regions, rows),
-                            chunk_of(regions, rows), None, num_rows)
+                            shift_sample(regions, rows), chunk_of(regions, rows), None, num_rows)
     lens, offset = [], 0
     region_rows, scheduled = [], []
     for i in range(num_reqs):
@@ -101,7 +106,7 @@ def batch_with_regions(model, step: BlendStep, fc, input_ids, positions, inputs_
                                    max_query_len=int(lens_t.max()))
     rows = BlendRows(fc, layer_names, step.layout, new_meta, out_positions, out_slots, segment, lora, faults)
     return ForwardBatch(rows, out_hidden, ratios, rules, question_end, near_chunk_start(regions, rows),
-                        chunk_of(regions, rows), scheduled, num_rows)
+                        shift_sample(regions, rows), chunk_of(regions, rows), scheduled, num_rows)
 
 
 def near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
@@ -111,6 +116,20 @@ def near_chunk_start(regions: dict, b: BlendRows) -> torch.Tensor:
         start = region.chunk_starts[at.clamp(min=0)]
         near[mine] = (at >= 0) & (pos - start < region.chunk_start_tokens)
     return near
+
+
+def shift_sample(regions: dict, b: BlendRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n] bool, [n] bool): every `sample_stride`-th row of each loaded chunk (from half a stride
+    in) of the requests whose KV shift is estimated from such a sample, and all rows of those
+    requests. Rows past a chunk's loaded part are not loaded rows: the forward ignores them."""
+    n, device = b.positions.shape[0], b.positions.device
+    sample = torch.zeros(n, dtype=torch.bool, device=device)
+    sampling = torch.zeros(n, dtype=torch.bool, device=device)
+    for mine, pos, at, region in _rows_in_chunks(regions, b, lambda r: r.kv_shift > 0 and r.kv_shift_sample > 0):
+        offsets = torch.where(at >= 0, pos - region.chunk_starts[at.clamp(min=0)], at)
+        sample[mine] = sampled_offsets(offsets, sample_stride(region.kv_shift_sample))
+        sampling |= mine
+    return sample, sampling
 
 
 def chunk_of(regions: dict, b: BlendRows) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,6 +70,7 @@ class BlendRegion:
     chunk_starts: list[int] = field(default_factory=list)  # prompt positions where its loaded chunks start
     chunk_start_tokens: int = 0  # recomputed at the start of every loaded chunk before any ranking
     kv_shift: float = 0.0  # share of its chunk's mean error the KV not recomputed is moved by (blend/kv_shift.py)
+    kv_shift_sample: float = 0.0  # share of each loaded chunk's tokens, evenly spaced, that estimate the shift
 
     @property
     def end(self) -> int:

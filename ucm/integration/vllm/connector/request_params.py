@@ -14,11 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ucm.config import (BLEND_SELECTIONS, CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, ORACLE_SELECTION, RATIO_PARAM,
+from ucm.config import (BLEND_SELECTIONS, CHUNK_START_TOKENS_PARAM, KV_SHIFT_PARAM, KV_SHIFT_SAMPLE_PARAM,
+                        ORACLE_SELECTION, RATIO_PARAM,
                         REQUEST_PARAMS, SELECTION_PARAM, BlendConfig)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
 from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
-                                         kv_shift_share)
+                                         kv_shift_share, shift_sample_share)
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class BlendParams:
     selection: str
     chunk_start_tokens: int
     kv_shift: float  # share of its chunk's mean error the reused KV is moved by
+    kv_shift_sample: float = 0.0  # share of each loaded chunk's tokens, evenly spaced, that estimate the shift
 
 
 class RequestParamPolicy:
@@ -76,7 +78,9 @@ class RequestParamPolicy:
             count = configured
         kv_shift = _valid(request_id, params, KV_SHIFT_PARAM, self.blend.kv_shift, kv_shift_share,
                           "must be a number in [0, 1] (or true / false)")
-        return BlendParams(ratio, selection, count, kv_shift)
+        sample = _valid(request_id, params, KV_SHIFT_SAMPLE_PARAM, self.blend.kv_shift_sample, shift_sample_share,
+                        "must be a number in [0, 0.5]")
+        return BlendParams(ratio, selection, count, kv_shift, sample)
 
 
 def _valid(request_id: str, params: dict, name: str, default: Any, check: Callable[[Any], Any], expected: str) -> Any:

@@ -71,6 +71,7 @@ def choose_region(state: RequestState, params: dict, policy: RequestParamPolicy,
         chosen = policy.blend_params(request_id, params, ratio)
         state.ratio, state.selection = chosen.ratio, chosen.selection
         state.chunk_start_tokens, state.kv_shift = chosen.chunk_start_tokens, chosen.kv_shift
+        state.kv_shift_sample = chosen.kv_shift_sample
         state.work = region_work(plan, state.blend_end, state.ratio)
         state.staged = sum(len(b.placed) for b in plan.loaded if b.placed.start < state.blend_end)
 
@@ -109,7 +110,7 @@ def first_blend_step(state: RequestState, num_computed: int, local: int, view: S
     tokens = state.request.prompt_token_ids
     region = BlendRegion(plan.prefix_tokens, list(tokens[plan.prefix_tokens:end]), state.ratio, state.selection,
                          state.prompt_len, sorted({b.chunk_start for b in plan.loaded}), state.chunk_start_tokens,
-                         state.kv_shift)
+                         state.kv_shift, state.kv_shift_sample)
     loaded = [b for b in plan.loaded if b.placed.start < end]
     if not state.preemptions:
         stats.add("blended_requests")

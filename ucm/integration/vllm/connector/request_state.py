@@ -50,6 +50,7 @@ class RequestState:
     selection: str | None = None
     chunk_start_tokens: int = 0
     kv_shift: float = 0.0  # share of the chunk-mean error the reused KV is moved by
+    kv_shift_sample: float = 0.0  # share of each loaded chunk's tokens, evenly spaced, that estimate the shift
     work: int = 0  # rows the Blend forward runs beside the scheduled ones (region_work)
     staged: int = 0  # loaded tokens its region stages
     block_ids: list[int] = field(default_factory=list)
@@ -96,6 +97,7 @@ class RequestState:
             "selection": self.selection,
             "chunk_start_tokens": self.chunk_start_tokens,
             "kv_shift": self.kv_shift,
+            "kv_shift_sample": self.kv_shift_sample,
             "fallback": self.fallback,
             "preemptions": self.preemptions,
             "refused_params": list(self.refused),

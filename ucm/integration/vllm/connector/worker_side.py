@@ -239,7 +239,7 @@ class WorkerSide:
                           torch.tensor(region.token_ids, dtype=torch.long, device=self._device), slots[:n],
                           region.ratio, Selection.parse(region.selection), region.question_end,
                           torch.tensor(region.chunk_starts, dtype=torch.long, device=self._device),
-                          region.chunk_start_tokens, region.kv_shift)
+                          region.chunk_start_tokens, region.kv_shift, region.kv_shift_sample)
 
     def _count_load(self, block: torch.Tensor) -> None:
         self.stats.add("loaded_blocks")

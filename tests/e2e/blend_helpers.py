@@ -33,10 +33,12 @@ class Result:
 
 
 def params(max_tokens=8, ratio=None, disable=False, selection=None, exact_prefix=None, chunk_start_tokens=None,
-           kv_shift=None):
+           kv_shift=None, kv_shift_sample=None):
     kv = {}
     if kv_shift is not None:
         kv["ucm_kv_shift"] = kv_shift
+    if kv_shift_sample is not None:
+        kv["ucm_kv_shift_sample"] = kv_shift_sample
     if chunk_start_tokens is not None:
         kv["ucm_chunk_start_tokens"] = chunk_start_tokens
     if exact_prefix is not None:

@@ -52,6 +52,24 @@ def test_scattered_recompute_over_exact_kv_is_exact(blend_llm, plain_llm, select
     assert_same(again, run(plain_llm, a), tol=2e-3)
 
 
+def test_a_shift_estimated_from_a_sample_is_exact_over_exact_kv_and_moves_stale_kv(blend_llm, plain_llm):
+    """kv_shift_sample: evenly spaced rows of every chunk are recomputed within the ratio and alone
+    estimate the shift. Over a prompt's own KV that moves nothing (full prefill comes back); over
+    reordered chunks it is another estimate than the ranked rows' (another answer distribution)."""
+    a, b = prompts(blend_llm, seed=119)
+    run(blend_llm, a)
+    forget_local_prefix_cache(blend_llm)
+    again = run(blend_llm, a, ratio=0.3, exact_prefix=False, kv_shift=1.0, kv_shift_sample=0.05)
+    assert again.report["blended"] and again.report["kv_shift_sample"] == 0.05
+    assert_same(again, run(plain_llm, a), tol=2e-3)
+    ranked = run(blend_llm, b, ratio=0.15, exact_prefix=False, kv_shift=1.0)
+    forget_local_prefix_cache(blend_llm)
+    sampled = run(blend_llm, b, ratio=0.15, exact_prefix=False, kv_shift=1.0, kv_shift_sample=0.05)
+    assert ranked.report["blended"] and sampled.report["blended"]
+    assert ranked.report["chunk_hit_tokens"] == sampled.report["chunk_hit_tokens"]
+    assert ranked.logprobs != sampled.logprobs
+
+
 @pytest.mark.parametrize("ends_in_chunk", [False, True])
 def test_full_reuse_of_exact_kv_is_exact(blend_llm, plain_llm, ends_in_chunk):
     """Full reuse (ratio 0) computes no loaded row, not even before the check layer: the question

@@ -34,7 +34,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,6 +47,8 @@ from ucm.argparse_help import HelpFormatter  # noqa: E402
 from ucm.eval.metrics import normalize_answer, short_answer  # noqa: E402
 from ucm.eval.prompts import RELATED, build_prompt, chunk_end_token_id  # noqa: E402
 from ucm.eval.related import related_passages  # noqa: E402
+from ucm.sparse.blend.kv_shift import sampled_offsets  # noqa: E402
+from ucm.sparse.blend.vocabulary import sample_stride  # noqa: E402
 
 PROBE_QUERIES = 32  # the oracle's question rows, as the Blend forward's
 
@@ -119,16 +121,30 @@ class Cache:
     hidden: list
 
 
+@dataclass
+class Shift:
+    """A KV shift variant: each row's chunk (-1 outside loaded chunks) and a reference Cache (the
+    true error, from full prefill) or None (the computed rows' error); which of K and V move, the
+    share of the estimate added, a distance scale for a position-local estimate (None: the chunk
+    mean) and the rows allowed to estimate it (None: every computed row of the chunk)."""
+    chunk_of: torch.Tensor
+    reference: Cache | None = None
+    parts: str = "kv"
+    share: float = 1.0
+    tau: float | None = None
+    sources: torch.Tensor | None = None
+
+
 def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: Cache | None,
-            probe_rows: torch.Tensor | None = None, shift=None):
+            probe_rows: torch.Tensor | None = None, shift: Shift | None = None):
     """One prefill over `ids` where layer i computes only the rows `computed[i]` ([n] bool); the
     others keep `stale`'s KV. A row computed at layer i but not at i - 1 starts from `stale`'s
     residual stream at layer i. Returns (Cache of the result, hidden of the last layer, attention
     mass the `probe_rows` pay each row per layer or None).
 
-    `shift` (chunk of each row, -1 outside loaded chunks; a reference Cache or None) moves the
-    stored K (before RoPE) and V of every row not computed by its chunk's mean error at that
-    layer: measured on the chunk's computed rows, or with a reference, on all of its rows."""
+    `shift` moves the stored K (before RoPE) and V of every row not computed by its chunk's
+    error at that layer: measured on the chunk's computed rows, or with a reference, on all of its
+    rows (`Shift`)."""
     n = len(ids)
     pos = torch.arange(n)
     h = model.embed(ids)
@@ -161,19 +177,15 @@ def forward(model: Llama, ids: list[int], computed: list[torch.Tensor], stale: C
     return Cache(ks, vs, hs), h, (masses if probe_rows is not None else None)
 
 
-def _shift_chunks(model, i, k, v, rows, stale, shift, pos) -> None:
-    chunk_of, reference, *rest = shift
-    parts = rest[0] if rest else "kv"
-    share = rest[1] if len(rest) > 1 else 1.0
-    tau = rest[2] if len(rest) > 2 else None
-    sources = rest[3] if len(rest) > 3 else None  # rows whose error may estimate the shift (None: every computed)
+def _shift_chunks(model, i, k, v, rows, stale, shift: Shift, pos) -> None:
+    chunk_of, reference, sources, tau = shift.chunk_of, shift.reference, shift.sources, shift.tau
     for c in chunk_of.unique().tolist():
         if c < 0:
             continue
         mine = chunk_of == c
         src = mine if reference is not None else mine & rows
         if sources is not None:
-            src = src & torch.cat([sources, sources.new_zeros(len(src) - len(sources))])
+            src = src & sources
         dst = mine & ~rows
         if not bool(src.any()) or not bool(dst.any()):
             continue
@@ -190,10 +202,10 @@ def _shift_chunks(model, i, k, v, rows, stale, shift, pos) -> None:
             denom = w.sum(1, keepdim=True) + prior
             dk = (torch.einsum("ts,shd->thd", w, ek) + prior * ek.mean(0)) / denom[:, :, None]
             dv = (torch.einsum("ts,shd->thd", w, ev) + prior * ev.mean(0)) / denom[:, :, None]
-        if "k" in parts:
-            k[dst] = model.rope(model.rope(k[dst], -pos[dst]) + share * dk, pos[dst])
-        if "v" in parts:
-            v[dst] = v[dst] + share * dv
+        if "k" in shift.parts:
+            k[dst] = model.rope(model.rope(k[dst], -pos[dst]) + shift.share * dk, pos[dst])
+        if "v" in shift.parts:
+            v[dst] = v[dst] + shift.share * dv
 
 
 def chunk_spans(lengths: list[int]) -> list[tuple[int, int]]:
@@ -226,7 +238,8 @@ def stale_cache(model: Llama, ids: list[int], spans, contexts: list[list[int]] |
     return Cache(ks, vs, hs)
 
 
-def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int], max_tokens: int, tok, shift=None):
+def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int], max_tokens: int, tok,
+                shift: Shift | None = None):
     """(log-probs after the prompt and after each token of `forced`, greedy answer ids): the
     prompt's rows as `computed` says, answer rows computed at every layer (teacher-forced on
     `forced` for the log-probs, greedy from the prompt alone for the answer)."""
@@ -239,14 +252,16 @@ def answer_with(model: Llama, ids: list[int], computed, stale, forced: list[int]
         stale_ext = Cache([torch.cat([k, torch.zeros(pad, *k.shape[1:])]) for k in stale.k],
                           [torch.cat([v, torch.zeros(pad, *v.shape[1:])]) for v in stale.v],
                           [torch.cat([h, torch.zeros(pad, h.shape[1])]) for h in stale.hidden])
-    if shift is not None:
-        chunk_of, reference, *parts = shift
+    if shift is not None:  # the answer rows are in no chunk, have no reference and estimate nothing
         pad = m - n
-        chunk_of = torch.cat([chunk_of, torch.full((pad,), -1, dtype=torch.long)])
+        reference = shift.reference
         if reference is not None:
             reference = Cache([torch.cat([k, torch.zeros(pad, *k.shape[1:])]) for k in reference.k],
                               [torch.cat([v, torch.zeros(pad, *v.shape[1:])]) for v in reference.v], reference.hidden)
-        shift = (chunk_of, reference, *parts)
+        sources = shift.sources
+        shift = replace(shift, chunk_of=torch.cat([shift.chunk_of, torch.full((pad,), -1, dtype=torch.long)]),
+                        reference=reference,
+                        sources=None if sources is None else torch.cat([sources, sources.new_zeros(pad)]))
     cache, h, _ = forward(model, ids + forced, ext, stale_ext, shift=shift)
     lps = torch.log_softmax(model.logits(h[n - 1:]), -1)
     # Greedy: decode row by row over the prompt's KV, the first token from its last row.
@@ -360,7 +375,7 @@ def main(argv=None) -> int:
         for c, (a, b) in enumerate(spans[2:]):  # the first passage's stored KV is exact
             chunk_of[a:b] = c
         if args.shift:  # the whole error's mean, known from full prefill: no recompute at all
-            variants["reuse +true shift"] = ([~loaded] * L, stale, (chunk_of, full_cache))
+            variants["reuse +true shift"] = ([~loaded] * L, stale, Shift(chunk_of, full_cache))
 
         # Whole chunks, most attended per token first (under full prefill, as the oracle), until
         # the ratio's token count is reached; the rest of the budget by the oracle's ranking.
@@ -371,26 +386,25 @@ def main(argv=None) -> int:
             sel = topk_mask(score, loaded, k)
             variants[f"oracle {r:g}"] = ([~loaded | sel] * L, stale)
             if args.shift:
-                variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, (chunk_of, None, "kv", args.share))
+                variants[f"oracle {r:g} +shift"] = ([~loaded | sel] * L, stale, Shift(chunk_of, share=args.share))
+                variants[f"oracle {r:g} +true shift"] = ([~loaded | sel] * L, stale, Shift(chunk_of, full_cache))
             for f in [float(t) for t in args.sample.split(",") if t]:
                 even = torch.zeros(n, dtype=torch.bool)
                 for a, b in spans[2:]:
-                    step = max(1, round(1 / f))
-                    even[a + step // 2:b:step] = True
+                    even[a:b] = sampled_offsets(torch.arange(b - a), sample_stride(f))
                 even &= loaded
                 rest = topk_mask(score, loaded & ~even, max(0, k - int(even.sum())))
                 chosen = [~loaded | even | rest] * L
-                variants[f"oracle {r:g} +sample {f:g}"] = (chosen, stale, (chunk_of, None, "kv", 1.0, None, even))
+                variants[f"oracle {r:g} +sample {f:g}"] = (chosen, stale, Shift(chunk_of, sources=even))
                 variants[f"oracle {r:g} +sample {f:g} s{args.share:g}"] = (
-                    chosen, stale, (chunk_of, None, "kv", args.share, None, even))
-                variants[f"oracle {r:g} +sample {f:g} all"] = (chosen, stale, (chunk_of, None, "kv", args.share))
+                    chosen, stale, Shift(chunk_of, share=args.share, sources=even))
+                variants[f"oracle {r:g} +sample {f:g} all"] = (chosen, stale, Shift(chunk_of, share=args.share))
             for tau in [float(t) for t in args.local_shift.split(",") if t]:
                 variants[f"oracle {r:g} +local {tau:g}"] = ([~loaded | sel] * L, stale,
-                                                           (chunk_of, None, "kv", args.share, tau))
-                variants[f"oracle {r:g} +true shift"] = ([~loaded | sel] * L, stale, (chunk_of, full_cache))
+                                                           Shift(chunk_of, share=args.share, tau=tau))
             if args.shift_parts:
-                variants[f"oracle {r:g} +shift v"] = ([~loaded | sel] * L, stale, (chunk_of, None, "v"))
-                variants[f"oracle {r:g} +shift k"] = ([~loaded | sel] * L, stale, (chunk_of, None, "k"))
+                variants[f"oracle {r:g} +shift v"] = ([~loaded | sel] * L, stale, Shift(chunk_of, parts="v"))
+                variants[f"oracle {r:g} +shift k"] = ([~loaded | sel] * L, stale, Shift(chunk_of, parts="k"))
             if args.start_tokens:
                 pinned = starts & loaded
                 rest = topk_mask(score, loaded & ~pinned, max(0, k - int(pinned.sum())))

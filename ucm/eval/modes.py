@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ucm.config import BLEND_SELECTIONS, QUERY_SELECTION
-from ucm.sparse.blend.vocabulary import Selection, check_ratio
+from ucm.sparse.blend.vocabulary import MAX_SHIFT_SAMPLE, Selection, check_ratio, shift_sample_share
 
 DEFAULT_CHECK_LAYER = 1  # the layer whose deviation ranks (compute_meta's key names it)
 DEFAULT_RATIO = 0.3  # docs/research.md, "Every rule on the 1.5B": the larger models need it
@@ -91,8 +91,8 @@ def plus_shift_sample(modes: Iterable[Mode], sample: float, share: float = 1.0) 
     """Each ranked mode again with the KV shift at `share` estimated from an evenly spaced `sample`
     of every loaded chunk's tokens, recomputed within its ratio ("blend 0.15 +sample 0.03")."""
     check_ratio(share, "kv_shift share")
-    if not 0 < sample <= 0.5:
-        raise ValueError(f"kv_shift_sample must be in (0, 0.5], got {sample!r}")
+    if not (sample > 0 and shift_sample_share(sample) is not None):
+        raise ValueError(f"kv_shift_sample must be in (0, {MAX_SHIFT_SAMPLE:g}], got {sample!r}")
     suffix = f"+sample {sample:g}" + ("" if share == 1 else f" shift {share:g}")
     return [Mode(f"{m.name} {suffix}", m.ratio, m.selection, m.chunk_start_tokens, float(share), float(sample))
             for m in modes if m.selection not in (None, Selection.CHUNK_START.label) and m.kv_shift is None]

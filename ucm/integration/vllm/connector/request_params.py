@@ -18,8 +18,8 @@ from ucm.config import (BLEND_SELECTIONS, CHUNK_START_TOKENS_PARAM, KV_SHIFT_PAR
                         ORACLE_SELECTION, RATIO_PARAM,
                         REQUEST_PARAMS, SELECTION_PARAM, BlendConfig)
 from ucm.integration.vllm.plugin import API_SERVER_ENV
-from ucm.sparse.blend.vocabulary import (Selection, check_chunk_start_tokens, chunk_start_tokens_for, is_ratio,
-                                         kv_shift_share, shift_sample_share)
+from ucm.sparse.blend.vocabulary import (MAX_SHIFT_SAMPLE, Selection, check_chunk_start_tokens, chunk_start_tokens_for,
+                                         is_ratio, kv_shift_share, shift_sample_share)
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RequestParamPolicy:
         kv_shift = _valid(request_id, params, KV_SHIFT_PARAM, self.blend.kv_shift, kv_shift_share,
                           "must be a number in [0, 1] (or true / false)")
         sample = _valid(request_id, params, KV_SHIFT_SAMPLE_PARAM, self.blend.kv_shift_sample, shift_sample_share,
-                        "must be a number in [0, 0.5]")
+                        f"must be a number in [0, {MAX_SHIFT_SAMPLE:g}]")
         return BlendParams(ratio, selection, count, kv_shift, sample)
 
 

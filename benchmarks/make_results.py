@@ -652,6 +652,18 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_s22_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, bfloat16, "
+     "both servers compiled, the README's config at ratio 0.15, the code of f1e17e3 (the attention of 2026-11-29, "
+     "the native dump gather), plain vLLM then Blend back to back, nothing else running, on an AMD EPYC host with "
+     "AVX-512-BF16 about twice as slow as the one of the compiled run of 2026-11-29 (2026-12-06, a twenty-second "
+     "session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 "
+     "--no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s22_bf16.json", None),
+    ("rag_traffic_fresh36_s22_bf16.json", "RAG stream with no reuse, 36 requests, one untimed warm-up request per "
+     "server, bfloat16, both servers compiled, the code of f1e17e3, plain vLLM then Blend back to back, nothing else "
+     "running, on the host of the run above, right after it (2026-12-06, a twenty-second session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --fresh --num-requests 36 --warmup 1 --concurrency 2 "
+     "--logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_fresh36_s22_bf16.json", None),
     ("rag_traffic_zipf48_c4_native_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 4, bfloat16, "
      "both servers compiled, the README's config at ratio 0.15, with Blend's attention of 2026-11-29 (bfloat16 dot "
      "products, every run of rows native); Blend, then plain vLLM right after (rag_traffic_zipf48_c4_plain_bf16.json), "
@@ -1007,7 +1019,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_native_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_compiled_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
+                    ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
@@ -1068,6 +1080,8 @@ LATEST = [
      "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled, on a host twice as slow",
+     "rag_traffic_zipf48_c2_s22_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, compiled, the attention of 2026-11-29",
      "rag_traffic_zipf48_c4_native_bf16.json"),
@@ -1076,6 +1090,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
+    ("RAG stream without reuse, on a host twice as slow", "rag_traffic_fresh36_s22_bf16.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_compiled_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_s16_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",

@@ -53,6 +53,9 @@ def test_each_process_probes_what_it_uses():
 def test_missing_blend_forward_name_refuses_blend_not_prefix_offload(model_dir, tmp_path, monkeypatch):
     import vllm.forward_context
 
+    # Every module a worker imports is imported first, with the name present: what is tested is
+    # the probe's refusal, not an import failing (which a test run alone would hit otherwise).
+    build_and_close(vllm_config(model_dir, extra_config(tmp_path / "warm")), "WORKER")
     monkeypatch.delattr(vllm.forward_context, "get_forward_context")
     with pytest.raises(VllmNamesMissing) as err:
         connector(vllm_config(model_dir, extra_config(tmp_path / "store")), "WORKER")

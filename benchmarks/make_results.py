@@ -652,6 +652,16 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c2_ev3seen_bf16.json", "Admission's evidence as committed: the adaptive rule trusts its share of reuse after 3 requests (4 before) and counts chunk blocks found sighted as well as stored; the Zipf stream at concurrency 2, Blend alone, against plain vLLM's run of rag_traffic_zipf48_c2_s22_bf16.json on the same host an hour before, nothing else running (2026-12-06, a twenty-second session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c2_ev3seen_bf16.json", "rag_traffic_zipf48_c2_s22_bf16.json"),
+    ("rag_traffic_fresh36_ev3seen_bf16.json", "The same admission on the no-reuse stream, Blend alone, right after, against plain vLLM's run of rag_traffic_fresh36_s22_bf16.json",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --fresh --num-requests 36 --warmup 1 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_fresh36_ev3seen_bf16.json", "rag_traffic_fresh36_s22_bf16.json"),
+    ("rag_traffic_zipf48_c2_ev2seen_bf16.json", "Admission's evidence after 2 requests, sighted blocks counted as reuse: the Zipf stream, Blend alone (a variant measured, not kept)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c2_ev2seen_bf16.json", "rag_traffic_zipf48_c2_s22_bf16.json"),
+    ("rag_traffic_zipf48_c2_ev2_bf16.json", "Admission's evidence after 2 requests, only stored blocks counted (a variant measured, not kept): the Zipf stream, Blend alone",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c2_ev2_bf16.json", "rag_traffic_zipf48_c2_s22_bf16.json"),
+    ("rag_traffic_fresh36_ev2_bf16.json", "Admission's evidence after 2 requests (a variant measured, not kept): the no-reuse stream, Blend alone",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --fresh --num-requests 36 --warmup 1 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_fresh36_ev2_bf16.json", "rag_traffic_fresh36_s22_bf16.json"),
     ("rag_traffic_zipf48_c2_s22_bf16.json", "RAG stream with reuse (Zipf), 48 requests at concurrency 2, bfloat16, "
      "both servers compiled, the README's config at ratio 0.15, the code of f1e17e3 (the attention of 2026-11-29, "
      "the native dump gather), plain vLLM then Blend back to back, nothing else running, on an AMD EPYC host with "
@@ -1019,7 +1029,7 @@ TRAFFIC_RUNS = [
 ]
 # The README's stream rows: (result file, what it measured)
 HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_native_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
+                    ("rag_traffic_fresh36_ev3seen_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
@@ -1080,6 +1090,12 @@ LATEST = [
      "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence as committed", "rag_traffic_zipf48_c2_ev3seen_bf16.json"),
+    ("RAG stream without reuse, admission's evidence as committed", "rag_traffic_fresh36_ev3seen_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence after 2 requests, sighted blocks counted",
+     "rag_traffic_zipf48_c2_ev2seen_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence after 2 requests", "rag_traffic_zipf48_c2_ev2_bf16.json"),
+    ("RAG stream without reuse, admission's evidence after 2 requests", "rag_traffic_fresh36_ev2_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled, on a host twice as slow",
      "rag_traffic_zipf48_c2_s22_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, bfloat16, compiled", "rag_traffic_zipf48_c2_compiled_bf16.json"),

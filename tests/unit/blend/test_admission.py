@@ -3,8 +3,9 @@
 import pytest
 
 from ucm.sparse.blend.admission import (Admission, RecentHits, Segment, admits_first_sighting, asks_nothing,
-                                        prompt_segments)
+                                        prompt_segments, reused_unstored)
 from ucm.sparse.blend.chunking import Span, split_by_marker
+from ucm.sparse.blend.plan import ChunkBlock
 
 BS, MARKER = 4, 2
 
@@ -57,3 +58,12 @@ def test_adaptive_admits_first_sightings_while_recent_lookups_hit():
     recent.add(0, 10)  # the 0 of 40 left the window
     assert recent.share() == 5 / 30 and admits_first_sighting("adaptive", recent)
     assert not admits_first_sighting("second_sighting", recent)
+
+
+def test_blocks_of_a_chunk_sighted_before_count_as_reuse():
+    segs = (Segment(Span(0, 8), b"c0"), Segment(Span(8, 16), b"c1"), Segment(Span(16, 20), b"p4"))
+    missed = [ChunkBlock(b"h%d" % i, start, Span(i * BS, (i + 1) * BS), None) for i, start in
+              [(0, 0), (1, 0), (2, 8), (3, 8)]]
+    assert reused_unstored(missed, Admission(segs, (False, True, False))) == 2  # c1's two blocks
+    assert reused_unstored(missed, Admission(segs, (False, False, True))) == 0  # the suffix holds no chunk block
+    assert reused_unstored(missed, None) == 0  # first-sighting mode: only stored KV was looked up

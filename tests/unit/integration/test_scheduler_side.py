@@ -957,6 +957,21 @@ def test_adaptive_admission_stores_first_sightings_while_requests_find_their_chu
     assert _exact_keys(side, "new-too", prompt(8)) <= set(_computed_dumps(side, "new-too", prompt(8)))
 
 
+def test_adaptive_admission_counts_a_sighted_chunk_as_reuse(tmp_path):
+    """A stream that starts repeating while in second-sighting mode finds sightings, not KV: the
+    evidence counts them, so first sightings are stored again from the next request on."""
+    from ucm.sparse.blend.admission import EVIDENCE_REQUESTS
+
+    side = side_for(tmp_path)
+    misses = EVIDENCE_REQUESTS + 2  # the first ones store (no evidence yet), then second-sighting mode
+    for i in range(misses):
+        _computed_dumps(side, f"miss-{i}", prompt(20 + i))
+    assert _computed_dumps(side, "unseen", prompt(9)) == []
+    # The last miss was only sighted: stored now, and counted as reuse.
+    assert _computed_dumps(side, "again", prompt(20 + misses - 1)) != []
+    assert _exact_keys(side, "new", prompt(8)) <= set(_computed_dumps(side, "new", prompt(8)))
+
+
 def test_a_store_down_on_a_worker_makes_the_schedulers_lookups_miss(tmp_path):
     """A worker whose load timed out counts the store as down and says so in its report: the
     scheduler's lookups, which a mount answering stats but not reads still answers, miss at once

@@ -12,10 +12,12 @@ admits the next instance's second.
 A prompt with nothing after its last chunk asks nothing: it is an indexing request (or a chunk
 computed alone in the background) and stores everything on first sighting.
 
-The adaptive rule stores on first sighting while the engine's recent lookups find much of what
+The adaptive rule stores on first sighting while the engine's recent requests find much of what
 they look for (a stream that repeats: a second sighting would only delay the first hit) and
-falls back to the second sighting when they do not. A new engine has no evidence yet: it assumes
-the reuse it was configured for and stores its first few requests' KV.
+falls back to the second sighting when they do not. What they find counts whether it was stored
+as KV or only sighted: a repeat is evidence of reuse either way, so a stream that starts to
+repeat while in second-sighting mode goes back to first sightings at once. A new engine has no
+evidence yet: it assumes the reuse it was configured for and stores its first requests' KV.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from ucm.sparse.blend.chunking import ChunkLayout, Span
 from ucm.sparse.blend.hashing import BlockHash
+from ucm.sparse.blend.plan import ChunkBlock
 
 FIRST_SIGHTING = "first_sighting"  # every computed block is stored (no admission filter)
 SECOND_SIGHTING = "second_sighting"
@@ -35,7 +38,7 @@ ADMISSION_POLICIES = (ADAPTIVE, FIRST_SIGHTING, SECOND_SIGHTING)
 # sighting is stored. A prompt's own system message hits on every request: a small share.
 ADMIT_ALL_HIT_SHARE = 0.1
 RECENT_REQUESTS = 16  # the window of that share
-EVIDENCE_REQUESTS = 4  # requests in the window before the share is trusted (before: first sightings stored)
+EVIDENCE_REQUESTS = 3  # requests in the window before the share is trusted (before: first sightings stored)
 # What a sighting record holds: its format, so that a record is never mistaken for KV or a reference.
 SIGHTING_RECORD = b"ucm-sighting-v1\0"
 
@@ -101,7 +104,8 @@ class Admission:
 
 
 class RecentHits:
-    """The share of looked-up chunk blocks found, over the last `size` requests that looked any up."""
+    """The share of looked-up chunk blocks found (stored, or sighted), over the last `size`
+    requests that looked any up."""
 
     def __init__(self, size: int = RECENT_REQUESTS, evidence: int = EVIDENCE_REQUESTS):
         self._window: deque[tuple[int, int]] = deque(maxlen=size)
@@ -116,6 +120,12 @@ class RecentHits:
         if len(self._window) < self.evidence:
             return None
         return sum(f for f, _ in self._window) / sum(n for _, n in self._window)
+
+
+def reused_unstored(missed: Sequence[ChunkBlock], admission: Admission | None) -> int:
+    """Chunk blocks a request computes whose chunk was sighted before (its KV not stored then):
+    reuse the adaptive rule counts as it counts a hit."""
+    return 0 if admission is None else sum(admission.admits(b.tokens) for b in missed)
 
 
 def admits_first_sighting(policy: str, recent: RecentHits) -> bool:

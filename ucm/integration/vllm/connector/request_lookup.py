@@ -20,7 +20,7 @@ from ucm.integration.vllm.connector.request_state import RequestState, isolation
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.connector.store_view import SIGHTINGS, KeySpace, StoreView
 from ucm.sparse.blend.admission import (SIGHTING_RECORD, Admission, RecentHits, admits_first_sighting, asks_nothing,
-                                        prompt_segments)
+                                        prompt_segments, reused_unstored)
 from ucm.sparse.blend.hashing import BlockHasher
 from ucm.sparse.blend.plan import BlendPlan, build_plan
 from ucm.store.keys import KeyKind
@@ -127,7 +127,8 @@ class RequestLookup:
         """Records the segments the request computes for the first time (admission.py), and how
         much of what it looked up it found (an indexing request looks up what it is about to store)."""
         if state.plan is not None and not state.indexing:
-            self.recent_hits.add(len(state.plan.loaded), len(state.plan.blocks))
+            self.recent_hits.add(len(state.plan.loaded) + reused_unstored(state.plan.missed, state.admission),
+                                 len(state.plan.blocks))
         fingerprints = state.admission.first_sightings() if state.admission else []
         if fingerprints:
             self.view.write_records([state.keys.key(KeyKind.SIGHTING, h) for h in fingerprints],

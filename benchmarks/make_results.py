@@ -652,9 +652,13 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
-    ("rag_traffic_zipf48_c2_ev3seen_bf16.json", "Admission's evidence as committed: the adaptive rule trusts its share of reuse after 3 requests (4 before) and counts chunk blocks found sighted as well as stored; the Zipf stream at concurrency 2, Blend alone, against plain vLLM's run of rag_traffic_zipf48_c2_s22_bf16.json on the same host an hour before, nothing else running (2026-12-06, a twenty-second session)",
+    ("rag_traffic_zipf48_c4_ev4seen_bf16.json", "Admission as committed: evidence after 4 requests, chunk blocks found sighted counted as reuse; the Zipf stream at concurrency 4, Blend alone, right after plain vLLM's run of rag_traffic_zipf48_c4_ev3seen_bf16.json, nothing else running (2026-12-06, a twenty-second session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_ev4seen_bf16.json", "rag_traffic_zipf48_c4_ev3seen_bf16.json"),
+    ("rag_traffic_zipf48_c4_ev3seen_bf16.json", "The Zipf stream at concurrency 4 with admission's evidence after 3 requests, sighted blocks counted (a variant measured, not kept: fewer hits, the tail above plain vLLM's), plain vLLM then Blend back to back, nothing else running (2026-12-06, a twenty-second session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_ev3seen_bf16.json", None),
+    ("rag_traffic_zipf48_c2_ev3seen_bf16.json", "Admission's evidence after 3 requests (a variant measured, not kept: fewer hits on the Zipf streams), chunk blocks found sighted counted as well as stored; the Zipf stream at concurrency 2, Blend alone, against plain vLLM's run of rag_traffic_zipf48_c2_s22_bf16.json on the same host an hour before, nothing else running (2026-12-06, a twenty-second session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c2_ev3seen_bf16.json", "rag_traffic_zipf48_c2_s22_bf16.json"),
-    ("rag_traffic_fresh36_ev3seen_bf16.json", "The same admission on the no-reuse stream, Blend alone, right after, against plain vLLM's run of rag_traffic_fresh36_s22_bf16.json",
+    ("rag_traffic_fresh36_ev3seen_bf16.json", "The same variant on the no-reuse stream, Blend alone, right after, against plain vLLM's run of rag_traffic_fresh36_s22_bf16.json",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --fresh --num-requests 36 --warmup 1 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_fresh36_ev3seen_bf16.json", "rag_traffic_fresh36_s22_bf16.json"),
     ("rag_traffic_zipf48_c2_ev2seen_bf16.json", "Admission's evidence after 2 requests, sighted blocks counted as reuse: the Zipf stream, Blend alone (a variant measured, not kept)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c2_ev2seen_bf16.json", "rag_traffic_zipf48_c2_s22_bf16.json"),
@@ -1028,8 +1032,8 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_native_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_ev3seen_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_ev4seen_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                    ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
@@ -1090,8 +1094,10 @@ LATEST = [
      "serve_bench_c4_native_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, compiled", "serve_bench_c4_compiled_bf16.json"),
     ("Serving replay: passages indexed, then asked in another order, eager", "serve_bench_c4_bf16_vn.json"),
-    ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence as committed", "rag_traffic_zipf48_c2_ev3seen_bf16.json"),
-    ("RAG stream without reuse, admission's evidence as committed", "rag_traffic_fresh36_ev3seen_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 4, admission as committed", "rag_traffic_zipf48_c4_ev4seen_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 4, admission's evidence after 3 requests", "rag_traffic_zipf48_c4_ev3seen_bf16.json"),
+    ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence after 3 requests", "rag_traffic_zipf48_c2_ev3seen_bf16.json"),
+    ("RAG stream without reuse, admission's evidence after 3 requests", "rag_traffic_fresh36_ev3seen_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence after 2 requests, sighted blocks counted",
      "rag_traffic_zipf48_c2_ev2seen_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 2, admission's evidence after 2 requests", "rag_traffic_zipf48_c2_ev2_bf16.json"),

@@ -38,7 +38,7 @@ ADMISSION_POLICIES = (ADAPTIVE, FIRST_SIGHTING, SECOND_SIGHTING)
 # sighting is stored. A prompt's own system message hits on every request: a small share.
 ADMIT_ALL_HIT_SHARE = 0.1
 RECENT_REQUESTS = 16  # the window of that share
-EVIDENCE_REQUESTS = 3  # requests in the window before the share is trusted (before: first sightings stored)
+EVIDENCE_REQUESTS = 4  # requests in the window before the share is trusted (before: first sightings stored)
 # What a sighting record holds: its format, so that a record is never mistaken for KV or a reference.
 SIGHTING_RECORD = b"ucm-sighting-v1\0"
 

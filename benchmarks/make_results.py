@@ -146,6 +146,16 @@ QUALITY_RUNS = [
      f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --num-questions 20 --skip-questions 36 --max-tokens 16 "
      "--kl-tokens 1 --sweep --ratios 0.15,0.3 --selections query --no-plot --enforce-eager "
      "--out benchmarks/results/qwen15_musique36_55.json"),
+    ("qwen15_musique44_45_oracle.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 44-45 (~7.2k tokens), two "
+     "of the three questions where the committed rule lost gold F1 at 0.15 in qwen15_musique36_55.json, beside the "
+     "oracle at the same ratio; compiled, bfloat16 (2026-12-06, a twenty-third session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --skip-questions 44 --num-questions 2 --sweep --ratios 0.15 "
+     "--selections query,oracle --kl-tokens 1 --no-plot --out benchmarks/results/qwen15_musique44_45_oracle.json"),
+    ("qwen15_musique54_oracle.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue question 54 (~7k tokens), the third "
+     "such question, beside the oracle; compiled, bfloat16 (its full prefill answered otherwise eager: "
+     "qwen15_musique36_55.json; 2026-12-06, a twenty-third session)",
+     f"{_Q} --model qwen2.5-coder-1.5b --dtype bfloat16 --skip-questions 54 --num-questions 1 --sweep --ratios 0.15 "
+     "--selections query,oracle --kl-tokens 1 --no-plot --out benchmarks/results/qwen15_musique54_oracle.json"),
     ("qwen15_musique16_35.json", "Qwen2.5-Coder-1.5B-Instruct on MuSiQue questions 16-35 (~6k tokens), the committed "
      "rule and HKVD at 0.15 and 0.3 (questions 0-15: qwen15_musique16_shares.json, qwen15_musique16_ratio03.json), "
      "bfloat16 (unit tests shared the cores for a few minutes: TTFTs rough; 2026-11-29, a sixteenth session)",

@@ -662,6 +662,24 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ("rag_traffic_zipf48_c4_s23_bf16.json", "The Zipf stream at concurrency 4 with the committed code (admission's "
+     "evidence after 4 requests, sighted blocks counted), plain vLLM then Blend back to back, nothing else running, "
+     "on a new machine of the 22nd session's kind (AMD EPYC, AVX-512-BF16, 2 cores), where Blend's store IO took "
+     "about twice as long (2026-12-06, a twenty-third session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 "
+     "--no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s23_bf16.json", None),
+    ("rag_traffic_zipf48_c2_s23_bf16.json", "The same at concurrency 2, right after: Blend makes the decisions of "
+     "the 22nd session's run (the same hits, blends and bytes written), plain vLLM runs as fast, Blend slower",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 "
+     "--no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s23_bf16.json", None),
+    ("rag_traffic_zipf48_latency5_s23_bf16.json", "The +5 ms mount on the same machine, Blend alone, the committed "
+     "code, right after the plain directory's run below (2026-12-06, a twenty-third session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=5' --no-plot --out benchmarks/results/rag_traffic_zipf48_latency5_s23_bf16.json",
+     None),
+    ("rag_traffic_zipf48_dir_s23_bf16.json", "The same stream on the plain directory, Blend alone, just before",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_s23_bf16.json", None),
     ("rag_traffic_zipf48_c4_ev4seen_bf16.json", "Admission as committed: evidence after 4 requests, chunk blocks found sighted counted as reuse; the Zipf stream at concurrency 4, Blend alone, right after plain vLLM's run of rag_traffic_zipf48_c4_ev3seen_bf16.json, nothing else running (2026-12-06, a twenty-second session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_ev4seen_bf16.json", "rag_traffic_zipf48_c4_ev3seen_bf16.json"),
     ("rag_traffic_zipf48_c4_ev3seen_bf16.json", "The Zipf stream at concurrency 4 with admission's evidence after 3 requests, sighted blocks counted (a variant measured, not kept: fewer hits, the tail above plain vLLM's), plain vLLM then Blend back to back, nothing else running (2026-12-06, a twenty-second session)",

@@ -680,6 +680,21 @@ TRAFFIC_RUNS = [
     ("rag_traffic_zipf48_dir_s23_bf16.json", "The same stream on the plain directory, Blend alone, just before",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
      "--servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_s23_bf16.json", None),
+    ("rag_traffic_zipf48_fuse0_s23_bf16.json", "The same stream through the FUSE mount with nothing added (what the "
+     "test mount's own Python passthrough costs), after the Zipf pairs above",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 "
+     "--servers blend --mount 'latency_ms=0' --no-plot --out benchmarks/results/rag_traffic_zipf48_fuse0_s23_bf16.json",
+     None),
+    ("rag_traffic_fresh48_s23_bf16.json", "RAG stream with no reuse, 48 requests, one untimed warm-up request per "
+     "server, the committed code, plain vLLM then Blend back to back, nothing else running, on the machine of the "
+     "runs above, right after them (2026-12-06, a twenty-third session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --fresh "
+     "--logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_fresh48_s23_bf16.json", None),
+    ("rag_traffic_fresh48_blend2_s23_bf16.json", "The same no-reuse stream, Blend alone again right after, against "
+     "plain vLLM's run of rag_traffic_fresh48_s23_bf16.json: how far one Blend run of this stream moves from the next",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --fresh "
+     "--logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_fresh48_blend2_s23_bf16.json",
+     "rag_traffic_fresh48_s23_bf16.json"),
     ("rag_traffic_zipf48_c4_ev4seen_bf16.json", "Admission as committed: evidence after 4 requests, chunk blocks found sighted counted as reuse; the Zipf stream at concurrency 4, Blend alone, right after plain vLLM's run of rag_traffic_zipf48_c4_ev3seen_bf16.json, nothing else running (2026-12-06, a twenty-second session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_ev4seen_bf16.json", "rag_traffic_zipf48_c4_ev3seen_bf16.json"),
     ("rag_traffic_zipf48_c4_ev3seen_bf16.json", "The Zipf stream at concurrency 4 with admission's evidence after 3 requests, sighted blocks counted (a variant measured, not kept: fewer hits, the tail above plain vLLM's), plain vLLM then Blend back to back, nothing else running (2026-12-06, a twenty-second session)",
@@ -1060,7 +1075,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_ev4seen_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s23_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)

@@ -330,7 +330,7 @@ def store_summary(before: dict, after: dict, store: str | None) -> dict:
             # worker time: before the forward (loads), after it (dumps); scheduler time in lookups
             "load_s": delta.get("load_seconds", 0.0), "load_wait_s": delta.get("load_wait_seconds", 0.0),
             "dump_s": delta.get("dump_seconds", 0.0),
-            "lookup_s": delta.get("lookup_seconds", 0.0),
+            "lookup_s": delta.get("lookup_seconds", 0.0), "lookup_rounds": int(delta.get("lookup_rounds", 0)),
             "fallbacks": {k: int(v) for k, v in delta.items() if k.startswith("blend_fallbacks_") and v},
             # steps whose Blend rows passed max_step_tokens (the scheduler admits within it: 0 expected)
             "blend_steps_over_cap": int(delta.get("blend_steps_over_cap", 0)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ucm.sparse.blend.chunk_refs import ChunkRef
@@ -70,48 +72,68 @@ def test_nothing_loaded_is_an_empty_region_at_the_prefix():
     assert blend_region_end(plan, 20) == 19 and region_work(plan, 19, 0.0) == 11  # [4, 6) and [10, 19)
 
 
-def test_new_chunks_cost_one_lookup_per_chunk_not_per_block():
-    """The first block of each chunk is asked for in every kind; the blocks of chunks found are
-    then asked for in the kind their first block was found in."""
+def recording(answer):
+    """A `lookup_many` answering with ``answer(kind, hash)`` that records each round's (kind, count)
+    pairs, and the `lookup` of the same answers."""
+    rounds = []
+
+    def lookup_many(asks):
+        rounds.append([(kind, len(hs)) for kind, hs in asks])
+        return [[answer(kind, h) for h in hs] for kind, hs in asks]
+
+    return rounds, lookup_many, lambda kind, hs: [answer(kind, h) for h in hs]
+
+
+def test_new_chunks_cost_one_round_not_one_per_kind():
+    """The first block of each chunk is asked for in every kind in one round; the blocks of
+    chunks found are then asked for in the kind their first block was found in, in a second."""
     hasher = BlockHasher.from_seed("sha256", BS, "test")
     tokens = list(range(1000, 1040))
     layout = split_by_lengths(40, [12, 12, 12])
     stored = {b.block_hash for b in build_plan(layout, tokens, hasher, 0, lambda kind, hs: [False] * len(hs)).blocks
               if b.chunk_start == 12}
-    asked = []
-
-    def lookup(kind, hashes):
-        asked.append((kind, len(hashes)))
-        return [kind is KeyKind.CHUNK and h in stored for h in hashes]
-
-    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lambda blocks: [None] * len(blocks))
+    rounds, lookup_many, lookup = recording(lambda kind, h: kind is KeyKind.CHUNK and h in stored)
+    no_refs = lambda blocks: [None] * len(blocks)  # noqa: E731
+    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=no_refs, lookup_many=lookup_many)
     assert plan.chunk_hits() == [(0, 3, 0), (12, 3, 3), (24, 3, 0)]
-    # Probe: 3 first blocks exact, 3 as chunk KV, 2 references; then chunk 12's 3 blocks as chunk KV.
-    assert asked == [(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 2), (KeyKind.CHUNK, 3)]
+    assert rounds == [[(KeyKind.EXACT, 3), (KeyKind.CHUNK, 3), (KeyKind.CHUNK_REF, 3)], [(KeyKind.CHUNK, 3)]]
+    # Without a batched lookup each (kind, hashes) pair is asked alone, with the same plan.
+    assert build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=no_refs) == plan
 
 
-def test_a_chunk_stored_partly_as_references_finds_its_copies_in_the_other_kinds():
+PROBE = [(KeyKind.EXACT, 1), (KeyKind.CHUNK, 1), (KeyKind.CHUNK_REF, 1)]
+AS_KV = [(KeyKind.EXACT, 1), (KeyKind.CHUNK, 1)]
+
+
+@pytest.mark.parametrize("as_refs, as_copies, kinds, rounds", [
+    # The usual reference chunk: its last block (past the other prompt's last full block) a copy,
+    # found in the round that asks for it as KV.
+    ({0, 1, 2}, {3}, [KeyKind.CHUNK_REF] * 3 + [KeyKind.CHUNK], [PROBE, AS_KV, ("refs", 4)]),
+    # A copy before the last block: asked for as KV in a third round; a block stored in none stays a miss.
+    ({0, 1}, {2}, [KeyKind.CHUNK_REF] * 2 + [KeyKind.CHUNK, None], [PROBE, AS_KV, ("refs", 4), AS_KV]),
+    # The last block stored both ways is read through its reference, as the chunk's other blocks are.
+    ({0, 1, 2, 3}, {3}, [KeyKind.CHUNK_REF] * 4, [PROBE, AS_KV, ("refs", 4)]),
+])
+def test_a_chunk_stored_partly_as_references_finds_its_copies_in_the_other_kinds(as_refs, as_copies, kinds, rounds):
     """A chunk's head stored as references into another prompt's exact blocks, its tail as a copy
-    (past that prompt's last full block): the blocks not found as references are asked for in the
-    other kinds, exact KV first; a block stored in none stays a miss."""
+    (past that prompt's last full block): references first, the blocks they miss in the other
+    kinds (exact KV first), in as few rounds as that takes."""
     hasher = BlockHasher.from_seed("sha256", BS, "test")
     tokens = list(range(1000, 1016))
     layout = split_by_lengths(16, [16])
     h = [b.block_hash for b in build_plan(layout, tokens, hasher, 0, lambda kind, hs: [False] * len(hs)).blocks]
-    asked = []
-
-    def lookup(kind, hashes):
-        asked.append((kind, len(hashes)))
-        return [(kind is KeyKind.CHUNK_REF and x in h[:2]) or (kind is KeyKind.CHUNK and x == h[2]) for x in hashes]
+    refs = {h[i] for i in as_refs}
+    asked, lookup_many, lookup = recording(
+        lambda kind, x: (kind is KeyKind.CHUNK_REF and x in refs) or (kind is KeyKind.CHUNK and h.index(x) in as_copies))
 
     def lookup_refs(blocks):
         asked.append(("refs", len(blocks)))
-        return [ChunkRef(0, n, BS, (bh,)) if bh in h[:2] else None for bh, n in blocks]
+        return [ChunkRef(0, n, BS, (bh,)) if bh in refs else None for bh, n in blocks]
 
-    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lookup_refs)
-    assert [b.kind for b in plan.blocks] == [KeyKind.CHUNK_REF, KeyKind.CHUNK_REF, KeyKind.CHUNK, None]
-    assert asked == [(KeyKind.EXACT, 1), (KeyKind.CHUNK, 1), (KeyKind.CHUNK_REF, 1), ("refs", 4),
-                     (KeyKind.EXACT, 2), (KeyKind.CHUNK, 2)]
+    plan = build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lookup_refs, lookup_many=lookup_many)
+    assert [b.kind for b in plan.blocks] == kinds
+    assert asked == rounds
+    assert build_plan(layout, tokens, hasher, 0, lookup, lookup_refs=lookup_refs) == plan
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.15, 1.0])
@@ -145,3 +167,39 @@ def test_a_bounded_region_fits_its_cap_and_never_cuts_a_loaded_block(ratio, max_
 def test_a_bounded_region_stages_at_most_its_share_of_loaded_tokens():
     plan = plan_for([6, 10], 20, {0, 1, 2, 3, 4})  # everything loaded but the question
     assert bounded_region_end(plan, 19, 0.0, max_rows=100, max_staged=10) == 10  # [0,4) [4,6) [6,10)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_each_block_is_found_in_its_chunks_kind_then_exact_chunk_references(seed):
+    """Random stores: a chunk whose first block is stored in no kind is a miss whole; a block of
+    a chunk found is read from the kind its chunk's first block was found in when it is there,
+    else from exact KV, chunk KV, a reference, in that order (batched or one lookup at a time)."""
+    rng = random.Random(seed)
+    hasher = BlockHasher.from_seed("sha256", BS, "test")
+    tokens = [rng.randrange(1000, 2000) for _ in range(60)]
+    layout = split_by_lengths(60, [13, 8, 20, 19])
+    prefix = rng.choice([0, 0, 4, 9])
+    blocks = build_plan(layout, tokens, hasher, prefix, lambda kind, hs: [False] * len(hs)).blocks
+    kinds = (KeyKind.EXACT, KeyKind.CHUNK, KeyKind.CHUNK_REF)
+    held = {(k, b.block_hash) for b in blocks for k in kinds if rng.random() < 0.4}
+    valid = {b.block_hash for b in blocks if rng.random() < 0.7}  # references whose exact blocks are stored
+    answer = lambda kind, h: (kind, h) in held  # noqa: E731
+    refs = lambda bs: [ChunkRef(0, n, BS, (h,)) if (KeyKind.CHUNK_REF, h) in held and h in valid else None  # noqa: E731
+                       for h, n in bs]
+    _, lookup_many, lookup = recording(answer)
+    plan = build_plan(layout, tokens, hasher, prefix, lookup, lookup_refs=refs, lookup_many=lookup_many)
+    assert build_plan(layout, tokens, hasher, prefix, lookup, lookup_refs=refs) == plan
+
+    def usable(kind, h):
+        return (kind, h) in held and (kind is not KeyKind.CHUNK_REF or h in valid)
+
+    firsts = {}
+    for b in blocks:
+        firsts.setdefault(b.chunk_start, b.block_hash)
+    for b in plan.blocks:
+        probed = next((k for k in kinds if (k, firsts[b.chunk_start]) in held), None)
+        if probed is None:
+            assert b.kind is None
+            continue
+        order = [probed] + [k for k in kinds if k is not probed]
+        assert b.kind == next((k for k in order if usable(k, b.block_hash)), None)

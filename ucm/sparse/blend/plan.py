@@ -21,6 +21,8 @@ from ucm.store.keys import KeyKind
 
 # (kind, block hashes) -> hit per hash (CHUNK_REF: a reference is present, not yet checked)
 LookupFn = Callable[[KeyKind, Sequence[BlockHash]], list[bool]]
+# (kind, block hashes) pairs answered in one round trip -> hits per pair
+LookupManyFn = Callable[[Sequence[tuple[KeyKind, Sequence[BlockHash]]]], list[list[bool]]]
 # (block hash, tokens) per chunk block -> its stored reference into exact blocks, or None
 RefLookupFn = Callable[[Sequence[tuple[BlockHash, int]]], list[ChunkRef | None]]
 
@@ -108,65 +110,99 @@ def chunk_blocks(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHas
 
 def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHasher, prefix_tokens: int,
                lookup: LookupFn, isolation: IsolationKeys | None = None,
-               lookup_refs: RefLookupFn | None = None) -> BlendPlan:
+               lookup_refs: RefLookupFn | None = None, lookup_many: LookupManyFn | None = None) -> BlendPlan:
     """Look up every chunk block that ends after the exact prefix: as exact KV, chunk KV, or a
     reference into another prompt's exact blocks (`lookup_refs`).
 
-    Each chunk's first block is looked up first, in every kind (exact, then chunk KV, then
+    Each chunk's first block is looked up first, in every kind at once (exact, chunk KV, and
     references by their presence): a chunk whose first block is stored in none is taken as
     missing whole. Chunks are stored from their first block on, so this loses almost nothing,
-    and a prompt of new passages costs a lookup per chunk instead of several per block (each a
-    round trip on NFS). The other blocks of a chunk found are looked up in the kind its first
-    block was found in, and those not there in the other kinds (exact KV first): one chunk may
-    be stored partly as references into another prompt's exact blocks and partly as copies (its
-    blocks past that prompt's last full block), but most are stored in one kind, so most blocks
-    cost one lookup, not one per kind.
+    and a prompt of new passages costs one round of lookups instead of several per block (each
+    a round trip on NFS). The other blocks of a chunk found are looked up in the kind its first
+    block was found in, all chunks in one round; those not there in the other kinds (exact KV
+    first). One chunk may be stored partly as references into another prompt's exact blocks and
+    partly as copies (its blocks past that prompt's last full block): the last block of a chunk
+    found as references is asked as a copy in that same round. Most blocks thus cost one lookup,
+    and a plan two or three rounds besides the references' own.
 
-    ``isolation``: the request's tenant and adapter keys; chunk KV is shared only under equal ones.
+    ``lookup_many``: (kind, hashes) pairs answered in one round trip; without it ``lookup`` is
+    asked once per pair. ``isolation``: the request's tenant and adapter keys; chunk KV is
+    shared only under equal ones.
     """
     every = chunk_blocks(layout, token_ids, hasher, isolation)
     last = {c: h for h, c, _ in every}  # the last block of each chunk wins
     candidates = [(h, c, s) for h, c, s in every if s.end > prefix_tokens]
+    ask = lookup_many or (lambda asks: [lookup(kind, hashes) for kind, hashes in asks])
     kinds = (KeyKind.EXACT, KeyKind.CHUNK) + ((KeyKind.CHUNK_REF,) if lookup_refs is not None else ())
-    first_kind = _probed_chunks(candidates, lookup, kinds)
+    first_kind = _probed_chunks(candidates, ask, kinds)
     found: dict[BlockHash, KeyKind] = {}
     refs: dict[BlockHash, ChunkRef] = {}
+    spans = {h: s for h, _, s in candidates}
 
-    def find(kind: KeyKind, blocks: list[tuple[BlockHash, Span]]) -> None:
-        blocks = list({h: s for h, s in blocks if h not in found}.items())
-        if not blocks:
-            return
-        if kind is KeyKind.CHUNK_REF:
-            for (h, _), ref in zip(blocks, lookup_refs([(h, len(s)) for h, s in blocks])):
-                if ref is not None:
-                    found[h], refs[h] = kind, ref
-        else:
-            for (h, _), hit in zip(blocks, lookup(kind, [h for h, _ in blocks])):
+    def find_kv(wanted: dict[KeyKind, list[BlockHash]]) -> dict[BlockHash, KeyKind]:
+        """One round: each block in the kinds it is wanted in; the first kind (in `kinds`
+        order) that holds it, per block not found before."""
+        asks = [(kind, list(dict.fromkeys(h for h in wanted.get(kind, ()) if h not in found)))
+                for kind in kinds if kind is not KeyKind.CHUNK_REF]
+        asks = [(kind, hs) for kind, hs in asks if hs]
+        held: dict[BlockHash, KeyKind] = {}
+        for (kind, hs), hits in zip(asks, ask(asks) if asks else []):
+            for h, hit in zip(hs, hits):
                 if hit:
-                    found[h] = kind
+                    held.setdefault(h, kind)
+        return held
 
-    for kind in kinds:  # each chunk's blocks in the kind its first block was found in
-        find(kind, [(h, s) for h, c, s in candidates if first_kind.get(c) is kind])
-    for kind in kinds:  # the rest in every other kind
-        find(kind, [(h, s) for h, c, s in candidates if c in first_kind and first_kind[c] is not kind])
+    def find_refs(hashes: list[BlockHash]) -> None:
+        blocks = list(dict.fromkeys(h for h in hashes if h not in found))
+        if lookup_refs is None or not blocks:
+            return
+        for h, ref in zip(blocks, lookup_refs([(h, len(spans[h])) for h in blocks])):
+            if ref is not None:
+                found[h], refs[h] = KeyKind.CHUNK_REF, ref
+
+    by_chunk: dict[KeyKind, list[BlockHash]] = {kind: [] for kind in kinds}  # blocks of the chunks found, by first kind
+    chunk_lasts: dict[int, BlockHash] = {}
+    for h, c, _ in candidates:
+        if c in first_kind:
+            by_chunk[first_kind[c]].append(h)
+            chunk_lasts[c] = h
+    ref_lasts = {h for c, h in chunk_lasts.items() if first_kind[c] is KeyKind.CHUNK_REF}
+    # One round: the chunks' blocks in their first block's kind, and the last block of each chunk
+    # found as references also as KV (where references end, copies may take over).
+    wanted = {kind: list(by_chunk[kind]) for kind in kinds if kind is not KeyKind.CHUNK_REF}
+    for kind in wanted:
+        wanted[kind] += ref_lasts
+    held = find_kv(wanted)
+    found.update((h, kind) for h, kind in held.items() if h not in ref_lasts)
+    find_refs(by_chunk.get(KeyKind.CHUNK_REF, []))  # references before copies
+    found.update((h, held[h]) for h in ref_lasts if h not in found and h in held)
+    # What is still missing of the chunks found, in the kinds not asked yet: KV in one round, then references.
+    found.update(find_kv({kind: [h for other in kinds if other is not kind for h in by_chunk[other]
+                                 if h not in found and not (h in ref_lasts and other is KeyKind.CHUNK_REF)]
+                          for kind in kinds}))
+    find_refs([h for kind in kinds if kind is not KeyKind.CHUNK_REF for h in by_chunk[kind] if h not in found])
     blocks = [ChunkBlock(h, chunk_start, span, found.get(h), skip=max(0, prefix_tokens - span.start), ref=refs.get(h))
               for h, chunk_start, span in candidates]
     return BlendPlan(len(token_ids), prefix_tokens, layout, tuple(blocks),
                      tuple(last[c.start] for c in layout.chunks))
 
 
-def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], lookup: LookupFn,
+def _probed_chunks(candidates: Sequence[tuple[BlockHash, int, Span]], ask: LookupManyFn,
                    kinds: Sequence[KeyKind]) -> dict[int, KeyKind]:
     """The kind each chunk's first candidate block is stored in (the first of `kinds` that has
-    it; references by their presence), by chunk start; chunks stored in none are left out."""
+    it; references by their presence), by chunk start, in one round; chunks stored in none are
+    left out."""
     firsts: dict[int, BlockHash] = {}
     for h, c, _ in candidates:
         firsts.setdefault(c, h)
+    if not firsts:
+        return {}
+    answers = ask([(kind, list(firsts.values())) for kind in kinds])
     found: dict[int, KeyKind] = {}
-    for kind in kinds:
-        rest = [(c, h) for c, h in firsts.items() if c not in found]
-        if rest:
-            found.update((c, kind) for (c, _), hit in zip(rest, lookup(kind, [h for _, h in rest])) if hit)
+    for kind, hits in zip(kinds, answers):
+        for c, hit in zip(firsts, hits):
+            if hit:
+                found.setdefault(c, kind)
     return found
 
 

@@ -93,7 +93,8 @@ class RequestLookup:
                                                                                       self.stats)
         if layout is not None:
             plan = build_plan(layout, tokens, self.hasher(), prefix_tokens, lookup, isolation_of(request),
-                              partial(self.view.lookup_refs, keys) if self.blend.chunk_refs else None)
+                              partial(self.view.lookup_refs, keys) if self.blend.chunk_refs else None,
+                              lookup_many=partial(self.view.lookup_many, keys))
         if self.view.awaited:  # blocks it needs are being written by this engine: wait for them a little
             since = self._waiting.setdefault(request.request_id, time.monotonic())
             if time.monotonic() - since < DUMP_WAIT_SECONDS:

@@ -48,6 +48,7 @@ COUNTERS: dict[str, str] = {
     "dump_waits": "Times a request waited a step for dumps of its blocks to be confirmed by the store",
     "chunk_prefetches": "Blend requests held in the queue while the workers read their chunk blocks (prefetch_chunks)",
     "lookup_seconds": "Seconds the scheduler spent in store lookups",
+    "lookup_rounds": "Calls the scheduler's store lookups made (each a round trip on a remote mount)",
     "lookup_known_blocks": "Blocks a lookup answered as stored without asking the store (found or confirmed stored in the last 30 s)",
     "chunk_ref_hit_blocks": "Chunk blocks found as references to stored exact blocks (and read from those)",
     "chunk_refs_stored": "Chunk blocks stored as references to their prompt's exact blocks instead of a copy of their KV",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ucm.integration.vllm.connector.metadata import UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.sparse.blend.chunk_refs import REF_BYTES, ChunkRef, decode_ref
-from ucm.store.keys import KeyKind, StoreKey, store_key
+from ucm.store.keys import KeyKind, StoreKey, shard_key, store_key
 
 if TYPE_CHECKING:
     from ucm.store.base import KVStoreBase, Task
@@ -90,31 +90,39 @@ class StoreView:
         whether a reference record is there, unchecked: `lookup_refs` reads and checks it).
         `known` False: the store is asked for every block (what decides a dump, or an exact
         prefix, which vLLM would not recompute if its load failed as a chunk block's is)."""
-        if not hashes:
-            return []
-        keys = [space.key(kind, h) for h in hashes]
+        return self.lookup_many(space, [(kind, hashes)], known)[0]
+
+    def lookup_many(self, space: KeySpace, asks, known: bool = True) -> list[list[bool]]:
+        """`lookup` of several (kind, hashes) at once: the store is asked for all of them in one
+        call, one round trip on a remote mount where asking kind by kind costs one each."""
+        keys = [[space.key(kind, h) for h in hashes] for kind, hashes in asks]
         now = time.monotonic()
         if self._known and self.store.down_for_s() > 0:  # held down: nothing counts as stored
             self.forget_known()
-        found = [known and now - self._known.get(k, -KNOWN_SECONDS) < KNOWN_SECONDS for k in keys]
-        ask = [i for i, f in enumerate(found) if not f]
-        if ask:
+        found = [[known and now - self._known.get(k, -KNOWN_SECONDS) < KNOWN_SECONDS for k in ks] for ks in keys]
+        # (ask, index) of each key the store is asked for, and its files: one per tensor-parallel
+        # rank's shard, but one for a reference (a record, not KV).
+        asked = [(a, i) for a, f in enumerate(found) for i, hit in enumerate(f) if not hit]
+        if asked:
+            files = [[keys[a][i]] if asks[a][0] is KeyKind.CHUNK_REF
+                     else [shard_key(keys[a][i], r, self.num_shards) for r in range(self.num_shards)]
+                     for a, i in asked]
             start = time.perf_counter()
-            asked = [keys[i] for i in ask]
-            # References are records, not KV: one file whatever the number of ranks.
-            hits = (self.store.lookup(asked) if kind is KeyKind.CHUNK_REF
-                    else self.store.lookup_shards(asked, self.num_shards))
+            held = iter(self.store.lookup([f for fs in files for f in fs]))
             self.stats.add("lookup_seconds", time.perf_counter() - start)
-            for i, hit in zip(ask, hits):
-                found[i] = hit
+            self.stats.add("lookup_rounds")
+            for (a, i), fs in zip(asked, files):
+                hit = all([next(held) for _ in fs])  # a list: every shard's answer is consumed
+                found[a][i] = hit
                 if hit:
-                    self._remember(keys[i], now)
+                    self._remember(keys[a][i], now)
             self._count_store_refusals()
-        self.stats.add("lookup_known_blocks", len(keys) - len(ask))
-        if kind is KeyKind.CHUNK_REF:
-            self._await_records(keys, found)
-        elif self.pending and any(not f and k in self.pending for f, k in zip(found, keys)):
-            self.awaited = True
+        self.stats.add("lookup_known_blocks", sum(len(ks) for ks in keys) - len(asked))
+        for (kind, _), ks, f in zip(asks, keys, found):
+            if kind is KeyKind.CHUNK_REF:
+                self._await_records(ks, f)
+            elif self.pending and any(not hit and k in self.pending for hit, k in zip(f, ks)):
+                self.awaited = True
         return found
 
     def _await_records(self, keys: list[bytes], found: list[bool]) -> None:
@@ -148,6 +156,7 @@ class StoreView:
         keys = [space.key(KeyKind.CHUNK_REF, h) for h, _ in blocks]
         start = time.perf_counter()
         hits = self.store.lookup(keys)
+        self.stats.add("lookup_rounds")
         found = [i for i, hit in enumerate(hits) if hit]
         self._await_records(keys, hits)
         records = [bytearray(REF_BYTES) for _ in found]
@@ -155,6 +164,7 @@ class StoreView:
         # answers stats but not reads must not hold every step for load_timeout_s).
         ok = (self.store.wait(self.store.load([keys[i] for i in found], records), self.store.metadata_timeout_s)
               if found else [])
+        self.stats.add("lookup_rounds", bool(found))
         self.stats.add("lookup_seconds", time.perf_counter() - start)
         refs: dict[int, ChunkRef] = {}
         for i, record, good in zip(found, records, ok):
@@ -173,6 +183,7 @@ class StoreView:
         start = time.perf_counter()
         found = self.store.lookup(keys)
         self.stats.add("lookup_seconds", time.perf_counter() - start)
+        self.stats.add("lookup_rounds")
         writing = {k for task, _, counter in self.record_writes if counter == SIGHTINGS for k in task.keys}
         return [hit or k in writing for hit, k in zip(found, keys)]
 

@@ -662,6 +662,16 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_latency5_batched_s24_bf16.json', "The +5 ms mount with a plan's lookups batched (be47f14: each chunk's first block in every kind in one call, the found chunks' other blocks in a second), Blend alone, nothing else running, on an Intel host with AMX (2 cores; 2026-12-06, a twenty-fourth session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --no-plot --out benchmarks/results/rag_traffic_zipf48_latency5_batched_s24_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_s24_bf16.json', 'The +5 ms mount before batching (587ce09), the same host, just before',
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --no-plot --out benchmarks/results/rag_traffic_zipf48_latency5_s24_bf16.json", None),
+    ('rag_traffic_zipf48_dir_batched_s24_bf16.json', 'The plain directory with the lookups batched, the same host',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_batched_s24_bf16.json', None),
+    ('rag_traffic_zipf48_dir_s24_bf16.json', 'The plain directory before batching (587ce09), the same host',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_s24_bf16.json', None),
+    ('rag_traffic_zipf48_fuse0_s24_bf16.json', "The FUSE mount with nothing added (what the test mount's own Python passthrough costs), lookups batched, the same host",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=0' --no-plot --out benchmarks/results/rag_traffic_zipf48_fuse0_s24_bf16.json", None),
     ("rag_traffic_zipf48_c4_s23_bf16.json", "The Zipf stream at concurrency 4 with the committed code (admission's "
      "evidence after 4 requests, sighted blocks counted), plain vLLM then Blend back to back, nothing else running, "
      "on a new machine of the 22nd session's kind (AMD EPYC, AVX-512-BF16, 2 cores), where Blend's store IO took "

@@ -120,6 +120,8 @@ def parse_args(argv=None):
                    help='more ucm_sparse_config.Blend keys (JSON), e.g. \'{"max_step_tokens": 8192}\'')
     p.add_argument("--store-config", default="{}",
                    help='more keys of Blend\'s UcmNfsStore config (JSON), e.g. \'{"io_threads": 16}\'')
+    p.add_argument("--connector-config", default="{}",
+                   help='more kv_connector_extra_config keys of the Blend server (JSON), e.g. \'{"prefetch_chunks": "auto"}\'')
     p.add_argument("--serve-args", default="", help="extra `vllm serve` flags for both servers")
     p.add_argument("--mount", default=None, metavar="SPEC",
                    help="Blend's store behind a FUSE mount that misbehaves (benchmarks/_mount_schedule.py): e.g. "
@@ -655,6 +657,8 @@ def main(argv=None) -> int:
                            **({"capacity_gb": args.capacity_gb} if args.capacity_gb else {})}
             ktc = blend_config(store, args.ratio, ["ucm_chunk_lengths"], store_extra, json.loads(args.blend_config),
                                marker) if store else None
+            if ktc is not None:
+                ktc["kv_connector_extra_config"].update(json.loads(args.connector_config))
             procs = []
             try:
                 for i, port in enumerate(ports):  # one log per instance: .blend.log, or .blend.0.log, ...

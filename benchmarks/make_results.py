@@ -662,6 +662,22 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_s24_bf16.json', "The Zipf stream at concurrency 4 on an Intel host with AMX (2 cores), plain vLLM then Blend back to back, nothing else running: where vLLM's dense prefill runs in AMX, Blend is slower than plain vLLM (2026-12-06, a twenty-fourth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s24_bf16.json', None),
+    ('rag_traffic_zipf48_c2_s24_bf16.json', 'The same at concurrency 2, right after',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s24_bf16.json', None),
+    ('rag_traffic_zipf48_c4_noshift_s24_bf16.json', "The Zipf stream at concurrency 4 on the AMX host without the KV shift (kv_shift 0), Blend alone, right after, against plain vLLM's run of rag_traffic_zipf48_c4_s24_bf16.json",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers blend --no-plot --blend-config \'{"compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.15, "kv_shift": 0}}}\' --out benchmarks/results/rag_traffic_zipf48_c4_noshift_s24_bf16.json', 'rag_traffic_zipf48_c4_s24_bf16.json'),
+    ('rag_traffic_zipf48_c4_hkvd_s24_bf16.json', "The same with CacheBlend's HKVD selection (no probe; kv_shift 0.5), Blend alone, right after",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers blend --no-plot --blend-config \'{"compute_meta": {"model.layers.1.self_attn.attn": {"ratio": 0.15, "kv_shift": 0.5, "selection": "hkvd"}}}\' --out benchmarks/results/rag_traffic_zipf48_c4_hkvd_s24_bf16.json', 'rag_traffic_zipf48_c4_s24_bf16.json'),
+    ('rag_traffic_fresh36_s24_f32.json', "RAG stream with no reuse, 36 requests, one untimed warm-up request per server, float32 (issue 54's setting), on the AMX host, plain vLLM then Blend back to back, nothing else running (2026-12-06, a twenty-fourth session)",
+     'python benchmarks/rag_traffic.py --dtype float32 --num-requests 36 --concurrency 2 --warmup 1 --fresh --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_fresh36_s24_f32.json', None),
+    ('rag_traffic_fresh36_s24_bf16.json', 'The same no-reuse stream in bfloat16 on the AMX host, right after the runs above',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 36 --concurrency 2 --warmup 1 --fresh --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_fresh36_s24_bf16.json', None),
+    ('rag_traffic_zipf48_c4_hit80_s24_bf16.json', "The Zipf stream at concurrency 4 on the AMX host blending only requests with at least 80% of their chunk tokens found (min_hit_share 0.8), Blend alone, against plain vLLM's run of rag_traffic_zipf48_c4_s24_bf16.json",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers blend --no-plot --blend-config \'{"min_hit_share": 0.8}\' --out benchmarks/results/rag_traffic_zipf48_c4_hit80_s24_bf16.json', 'rag_traffic_zipf48_c4_s24_bf16.json'),
+    ('rag_traffic_zipf48_c4_plain2_s24_bf16.json', "Plain vLLM alone again on the same stream and host, last: how far plain vLLM's rate moves from one run to the next",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers plain --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_plain2_s24_bf16.json', None),
     ('rag_traffic_zipf48_latency5_batched_s24_bf16.json', "The +5 ms mount with a plan's lookups batched (be47f14: each chunk's first block in every kind in one call, the found chunks' other blocks in a second), Blend alone, nothing else running, on an Intel host with AMX (2 cores; 2026-12-06, a twenty-fourth session)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --mount 'latency_ms=5' --no-plot --out benchmarks/results/rag_traffic_zipf48_latency5_batched_s24_bf16.json", None),
     ('rag_traffic_zipf48_latency5_s24_bf16.json', 'The +5 ms mount before batching (587ce09), the same host, just before',
@@ -1092,6 +1108,11 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s23_bf16.json", "a RAG stream of new
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
+    ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMX host", "rag_traffic_zipf48_c4_s24_bf16.json"),
+    ("RAG stream without reuse, float32, on an AMX host", "rag_traffic_fresh36_s24_f32.json"),
+    ("RAG stream with 5 ms added to every file operation of the store's mount, lookups batched, on an AMX host",
+     "rag_traffic_zipf48_latency5_batched_s24_bf16.json"),
+    ("Where a Blend server's time goes on the Zipf stream on an AMX host (profile)", "profile_zipf48_c4_amx_bf16.json"),
     ("Quality guard: SmolLM2, the fixed set (make quality)", "quality_check.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, every rule", "qwen15_rules_gen20.json"),
     ("Quality on Qwen2.5-Coder-1.5B-Instruct, held-out questions", "qwen15_query_shares_gen20_59.json"),
@@ -1186,6 +1207,11 @@ LATEST = [
     ("Store under faults", "store_faults.json"),
 ]
 PROFILE_RUNS = [
+    ("profile_zipf48_c4_amx_bf16.json", "Where a Blend server's engine core and worker spend their time on the Zipf "
+     "stream at concurrency 4 on the Intel host with AMX where Blend ran at 0.88x plain vLLM (2026-12-06, a "
+     "twenty-fourth session; py-spy at 25 Hz)",
+     "python benchmarks/profile_stream.py --out benchmarks/results/profile_zipf48_c4_amx_bf16.json -- --dtype "
+     "bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers blend --no-plot"),
     ("profile_blend_step_amx_bf16.json", "Where a Blend step's time goes on an Intel Xeon host with AMX, with the AMX "
      "variant of Blend's attention (vLLM's bfloat16 pages in AMX tiles) and the KV shift slot by slot, before its "
      "whole-page add (2026-12-01, a twentieth session; py-spy at 50 Hz)",

@@ -166,7 +166,8 @@ def build_plan(layout: ChunkLayout, token_ids: Sequence[int], hasher: BlockHashe
         if c in first_kind:
             by_chunk[first_kind[c]].append(h)
             chunk_lasts[c] = h
-    ref_lasts = {h for c, h in chunk_lasts.items() if first_kind[c] is KeyKind.CHUNK_REF}
+    # A list, not a set: the store is asked in prompt order, whatever the process's hash seed.
+    ref_lasts = [h for c, h in chunk_lasts.items() if first_kind[c] is KeyKind.CHUNK_REF]
     # One round: the chunks' blocks in their first block's kind, and the last block of each chunk
     # found as references also as KV (where references end, copies may take over).
     wanted = {kind: list(by_chunk[kind]) for kind in kinds if kind is not KeyKind.CHUNK_REF}

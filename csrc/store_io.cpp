@@ -74,12 +74,14 @@ constexpr size_t kHeaderRegion = 4096;    // payload offset
 constexpr uint64_t kFormatVersion = 1;
 constexpr size_t kAlign = 4096;           // O_DIRECT buffer/offset/length alignment
 constexpr size_t kChunk = 256 * 1024;     // IO unit; small enough that the hash reads it from L2
-// Lookups stat in parallel: on NFS each stat of an uncached name is a round trip to the server,
-// so a request's few hundred stats would otherwise queue one behind the other. A thread is given
-// at least kStatsPerThread paths: a thread costs tens of microseconds to start, which a local
-// directory does not repay but one round trip to a server does.
-constexpr size_t kStatThreads = 32;
-constexpr size_t kStatsPerThread = 4;
+// Lookups stat in parallel: on NFS each stat of an uncached name is a round trip to the server
+// per path component, so a request's stats would otherwise queue one behind the other. Starting a
+// thread costs tens of microseconds, which a local directory's stats (microseconds) do not repay
+// and a server's round trips (milliseconds) repay many times over: each thread gets enough paths
+// for about kStatThreadWorkNs of stats, by the cost per stat the last lookup measured.
+constexpr size_t kStatThreads = 64;
+constexpr int64_t kStatThreadWorkNs = 200000;
+constexpr size_t kStatsPerThreadUnmeasured = 4;
 
 enum Status : int {
   kOk = 0,
@@ -822,19 +824,36 @@ class IoEngine {
                      S_ISREG(st.st_mode);
         }
       };
-      size_t parts = std::min(kStatThreads, paths.size() / kStatsPerThread);
+      // The cost of one stat, as the calling thread measured it on its own paths in the last call
+      // (thread starts left out), sizes this call's threads.
+      auto timed = [&](size_t begin, size_t end) {
+        auto start = std::chrono::steady_clock::now();
+        run(begin, end);
+        int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+                         .count();
+        stat_ns_.store(ns / static_cast<int64_t>(std::max<size_t>(1, end - begin)));
+      };
+      if (paths.empty()) return {};
+      size_t per = stats_per_thread(stat_ns_.load());
+      size_t parts = std::min(kStatThreads, (paths.size() + per - 1) / per);
       if (parts <= 1) {
-        run(0, paths.size());
+        timed(0, paths.size());
       } else {
         std::vector<std::thread> helpers;
-        size_t per = (paths.size() + parts - 1) / parts;
+        size_t chunk = (paths.size() + parts - 1) / parts;
         for (size_t p = 1; p < parts; ++p)
-          helpers.emplace_back(run, p * per, std::min(paths.size(), (p + 1) * per));
-        run(0, std::min(paths.size(), per));
+          helpers.emplace_back(run, p * chunk, std::min(paths.size(), (p + 1) * chunk));
+        timed(0, std::min(paths.size(), chunk));
         for (auto& t : helpers) t.join();
       }
     }
     return std::vector<bool>(found.begin(), found.end());
+  }
+
+  // Paths per stat thread for stats of `ns` each (0: not measured yet; exposed for tests).
+  static size_t stats_per_thread(int64_t ns) {
+    if (ns <= 0) return kStatsPerThreadUnmeasured;
+    return static_cast<size_t>(std::max<int64_t>(1, kStatThreadWorkNs / ns));
   }
 
   void close() { shutdown(/*release_gil=*/true); }
@@ -844,6 +863,7 @@ class IoEngine {
 
  private:
   int started_ = 0;  // workers past their set-up (guarded by queue_mu_)
+  std::atomic<int64_t> stat_ns_{0};  // a stat's cost in the last lookup (ns; 0 before the first)
   PinnedBuffer pin(py::handle obj, bool writable, const char* what, size_t i) {
     try {
       return PinnedBuffer(obj, writable);
@@ -992,6 +1012,7 @@ PYBIND11_MODULE(_native, m) {
       .def("poll", &IoEngine::poll, py::arg("task_id"))
       .def("wait", &IoEngine::wait, py::arg("task_id"), py::arg("timeout_s") = -1.0)
       .def("exists", &IoEngine::exists, py::arg("paths"))
+      .def_static("stats_per_thread", &IoEngine::stats_per_thread, py::arg("stat_ns"))
       .def("close", &IoEngine::close)
       .def_property_readonly("num_threads", &IoEngine::num_threads)
       .def_property_readonly("direct_io", &IoEngine::direct_io);

@@ -34,6 +34,9 @@ from pathlib import Path
 
 KINDS = ("stat", "list", "open", "read", "write", "meta")
 HANG_LIMIT_S = 900.0  # a held call gives up (EIO) after this: a forgotten release must not wedge a host
+# Calls the server answers at once (libfuse's default is 10): an NFS client keeps many RPCs in
+# flight, so a server that takes ten at a time would queue a lookup's parallel stats.
+MAX_THREADS = 64
 
 
 class FaultMount:
@@ -266,7 +269,7 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
         mkdir, chmod = metadata_call(os.mkdir), metadata_call(os.chmod)
         utimens = metadata_call(os.utime)  # (path, None or (atime, mtime) in seconds)
 
-    fuse.FUSE(Passthrough(), mountpoint, foreground=True, nothreads=False, allow_other=True)
+    fuse.FUSE(Passthrough(), mountpoint, foreground=True, nothreads=False, allow_other=True, max_threads=MAX_THREADS)
 
 
 if __name__ == "__main__":

@@ -47,3 +47,29 @@ def test_io_threads_are_not_left_on_the_creating_threads_core(tmp_path):
     every = sorted(os.sched_getaffinity(0))
     assert unbound == str([every, every])  # inherited from an unbound creator: untouched
     assert bound == str([[0, 1], [0, 1]])  # not only core 0
+
+
+def test_lookup_threads_follow_the_cost_of_a_stat():
+    """A lookup's stat threads are sized by what a stat cost in the last lookup: one path per
+    thread where each is a server's round trip, none beside the caller's for a local directory's
+    few dozen, and the old four per thread before anything was measured."""
+    from ucm.store._native import IoEngine
+
+    assert IoEngine.stats_per_thread(0) == 4
+    assert IoEngine.stats_per_thread(15_000_000) == 1  # a few round trips of 5 ms
+    assert IoEngine.stats_per_thread(5_000) == 40  # a warm local stat
+
+
+def test_lookups_of_many_keys_answer_each_as_stored_however_they_are_split(make_store):
+    """Local stats are cheap: a few threads at most, and after a lookup of few paths the next one
+    of many is split differently; every answer stays the file's own."""
+    from _store_test_helpers import block_for, key_of
+
+    store = make_store()
+    keys = [key_of(i) for i in range(600)]
+    stored = keys[::7]
+    assert store.wait(store.dump(stored, [block_for(k, 512) for k in stored], [1] * len(stored))) == \
+        [True] * len(stored)
+    expected = [k in set(stored) for k in keys]
+    for n in (1, 600, 3, 600, 50, 600):
+        assert store.lookup(keys[:n]) == expected[:n]

@@ -111,6 +111,22 @@ def test_a_slow_mount_is_slow_not_down(mount, stored):
     assert store.stats().down_trips == 0
 
 
+def test_lookups_on_a_slow_mount_answer_every_key_as_stored(mount, make_store):
+    """With 5 ms on every call the lookup stats one path per thread (sized by the last lookup's
+    cost per stat): every key of a large lookup, stored or not, answered as it is, call after call."""
+    store = make_store(storage_backends=str(mount.mountpoint))
+    keys = [key_of(i) for i in range(120)]
+    stored = keys[::3]
+    assert store.wait(store.dump(stored, [block_for(k, 1024) for k in stored], [1] * len(stored))) == \
+        [True] * len(stored)
+    mount.set(latency_ms=5)
+    expected = [k in set(stored) for k in keys]
+    for _ in range(3):
+        assert store.lookup(keys) == expected
+    assert store.lookup(keys[:1]) == [True] and store.lookup([]) == []
+    assert store.stats().down_trips == 0
+
+
 def test_a_hung_load_pays_what_its_bytes_would_take_on_a_slow_link_not_load_timeout_s(mount, make_store):
     """A step waits for its loads: a small load on a mount whose reads hang is given up after
     LOAD_GRACE_S plus its bytes at load_min_mb_s, well before load_timeout_s; a larger one gets

@@ -662,6 +662,18 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_s25_f32.json', "The Zipf stream at concurrency 4 on an Intel host with AVX-512F but neither AVX512-BF16 nor AMX (2 cores), float32, plain vLLM then Blend back to back, nothing else running (2026-12-07, a twenty-fifth session)",
+     'python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s25_f32.json', None),
+    ('rag_traffic_zipf48_latency5_s25_f32.json', "The +5 ms mount on the same host, float32, Blend alone, with a lookup's stat threads sized by what a stat cost in the last lookup (4aa2e2f) and the test mount answering 64 calls at once",
+     "python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_s25_f32.json", None),
+    ('rag_traffic_zipf48_dir_s25_f32.json', 'The plain directory, the same code and host, right after',
+     "python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_s25_f32.json", None),
+    ('rag_traffic_zipf48_latency5_oldstat_s25_f32.json', "The +5 ms mount with the lookup threads of 97e2ddc (four paths per thread at least, up to 32; the store's native module of that commit), the test mount as above, right after",
+     "python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_oldstat_s25_f32.json", None),
+    ('rag_traffic_zipf48_latency5_prefetch_s25_f32.json', "The +5 ms mount with chunk blocks read while their request waits (prefetch_chunks auto), 4aa2e2f, right after",
+     "python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --connector-config '{\"prefetch_chunks\": \"auto\"}' --out benchmarks/results/rag_traffic_zipf48_latency5_prefetch_s25_f32.json", None),
+    ('rag_traffic_zipf48_c4_hit50_s25_f32.json', "The Zipf stream at concurrency 4 on the same host blending only requests with at least half of their chunk tokens found (min_hit_share 0.5), Blend alone, right after, against plain vLLM's run of rag_traffic_zipf48_c4_s25_f32.json",
+     'python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --servers blend --no-plot --blend-config \'{"min_hit_share": 0.5}\' --out benchmarks/results/rag_traffic_zipf48_c4_hit50_s25_f32.json', 'rag_traffic_zipf48_c4_s25_f32.json'),
     ('rag_traffic_zipf48_c4_s24_bf16.json', "The Zipf stream at concurrency 4 on an Intel host with AMX (2 cores), plain vLLM then Blend back to back, nothing else running: where vLLM's dense prefill runs in AMX, Blend is slower than plain vLLM (2026-12-06, a twenty-fourth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s24_bf16.json', None),
     ('rag_traffic_zipf48_c2_s24_bf16.json', 'The same at concurrency 2, right after',
@@ -1112,6 +1124,10 @@ HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s23_bf16.json", "a RAG stream of new
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
+    ("RAG stream with reuse (Zipf), concurrency 4, float32, on an AVX-512 host without bfloat16",
+     "rag_traffic_zipf48_c4_s25_f32.json"),
+    ("RAG stream with 5 ms added to every file operation of the store's mount, on an AVX-512 host without bfloat16",
+     "rag_traffic_zipf48_latency5_s25_f32.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMX host", "rag_traffic_zipf48_c4_s24_bf16.json"),
     ("RAG stream without reuse, float32, on an AMX host", "rag_traffic_fresh36_s24_f32.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount, lookups batched, on an AMX host",
@@ -1429,6 +1445,8 @@ def mount_lines(data: dict) -> list[str]:
         if run["server"] == "blend" and "lookup_s" in s:  # the scheduler's lookups, loads and dumps in steps
             line += (f" Store time: lookups {s['lookup_s']:.1f} s, loads waited {s['load_wait_s']:.1f} s, dumps "
                      f"{s['dump_s']:.1f} s in steps, of a {s['wall_s']:.0f} s run.")
+        if "mount_server_cpu_s" in s:  # the test mount's own server, on the same cores
+            line += f" The mount's server used {s['mount_server_cpu_s']:.0f} s of CPU."
         out.append(line)
     return out
 

@@ -586,6 +586,7 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
             run["rss_mb"], run["mount_events"] = [], []
             sampler = asyncio.create_task(sample_rss(list(pids), run["rss_mb"]))
             timers = MountSchedule.parse(args.mount).start(mount, run["mount_events"]) if mount else []
+            mount_cpu = mount.cpu_seconds() if mount else None
             try:
                 run["wall_s"] = await run_stream(clients, model, prompts, salt, blend, args.max_tokens, level,
                                                  args.seed, on_record, args.logprobs)
@@ -596,6 +597,8 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
                 if mount:
                     mount.set()
             run["summary"] = store_summary(before, sum_counters(urls), store)
+            if mount_cpu is not None and mount.cpu_seconds() is not None:
+                run["summary"]["mount_server_cpu_s"] = mount.cpu_seconds() - mount_cpu
             if blend and args.alone:  # after the run's counters: these requests are not part of it
                 run["alone"], run["alone_same_misses"] = [], []
                 records = {r["i"]: r for r in run["records"]}

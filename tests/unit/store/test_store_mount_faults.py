@@ -196,3 +196,17 @@ def test_after_a_long_hang_the_store_is_up_as_soon_as_the_mount_answers(mount, m
     _until(lambda: store.down_for_s() == 0, seconds=5)
     assert time.monotonic() - t0 < 1.5  # the back-off it was in had over 2.5 s left
     assert _load(store, keys)[0] == [True] * 2
+
+
+def test_the_mount_reports_the_cpu_its_server_used(tmp_path):
+    """Benchmarks set the test mount's own CPU beside a stream's time (an NFS server's would not
+    be on these cores): it grows with the calls served and is None once the server is gone."""
+    with mounted_or_skip(tmp_path / "server", tmp_path / "mnt") as m:
+        before = m.cpu_seconds()
+        assert before is not None and before >= 0
+        payload = b"x" * (1 << 20)
+        for i in range(64):
+            (m.mountpoint / f"f{i}").write_bytes(payload)
+            assert (m.mountpoint / f"f{i}").read_bytes() == payload
+        assert m.cpu_seconds() > before
+    assert m.cpu_seconds() is None

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -841,9 +842,14 @@ class IoEngine {
       } else {
         std::vector<std::thread> helpers;
         size_t chunk = (paths.size() + parts - 1) / parts;
-        for (size_t p = 1; p < parts; ++p)
-          helpers.emplace_back(run, p * chunk, std::min(paths.size(), (p + 1) * chunk));
+        size_t begin = chunk;  // the first path no helper took
+        try {
+          for (; begin < paths.size(); begin += chunk)
+            helpers.emplace_back(run, begin, std::min(paths.size(), begin + chunk));
+        } catch (const std::system_error&) {  // no thread to be had: the caller stats the rest itself
+        }
         timed(0, std::min(paths.size(), chunk));
+        if (begin < paths.size()) run(begin, paths.size());
         for (auto& t : helpers) t.join();
       }
     }

@@ -597,8 +597,9 @@ async def serve_runs(server, urls, prompts, index, stream, args, levels, results
                 if mount:
                     mount.set()
             run["summary"] = store_summary(before, sum_counters(urls), store)
-            if mount_cpu is not None and mount.cpu_seconds() is not None:
-                run["summary"]["mount_server_cpu_s"] = mount.cpu_seconds() - mount_cpu
+            mount_cpu_end = mount.cpu_seconds() if mount else None
+            if mount_cpu is not None and mount_cpu_end is not None:
+                run["summary"]["mount_server_cpu_s"] = mount_cpu_end - mount_cpu
             if blend and args.alone:  # after the run's counters: these requests are not part of it
                 run["alone"], run["alone_same_misses"] = [], []
                 records = {r["i"]: r for r in run["records"]}

@@ -13,7 +13,8 @@ from ucm.store.block_format import HEADER_REGION, read_header
 
 from _store_test_helpers import block_for, key_of
 
-SIZES = [1, 4096, 5000, (256 << 10) + 4096, (1 << 20) + 17]
+# Past one read call's 8 MiB (store_io.cpp kReadUnit) with and without an unaligned tail, too.
+SIZES = [1, 4096, 5000, (256 << 10) + 4096, (1 << 20) + 17, 8 << 20, (8 << 20) + 4096 * 3 + 5]
 
 
 def _aligned(size: int, offset: int) -> np.ndarray:

@@ -57,6 +57,19 @@ def test_second_dump_of_a_key_is_skipped_and_reported_stored(make_store):
     assert (stats.dump_blocks, stats.dump_skipped, stats.dump_bytes) == (2, 1, 1000)
 
 
+def test_blocks_past_one_read_call_round_trip_into_unaligned_destinations(make_store):
+    """A load reads a block's header and payload in calls of up to 8 MiB (store_io.cpp kReadUnit)."""
+    store = make_store(io_threads=2)
+    sizes = [(8 << 20) - 1, 8 << 20, (8 << 20) + 1, (16 << 20) + 4096 + 7]
+    keys = [key_of(1000 + i) for i in range(len(sizes))]
+    sources = [block_for(k, s) for k, s in zip(keys, sizes)]
+    assert all(store.wait(store.dump(keys, sources, [1] * len(keys))))
+    raw = [np.zeros(s + 3, dtype=np.uint8) for s in sizes]
+    dests = [r[3:] for r in raw]  # never 4 KiB aligned
+    assert all(store.wait(store.load(keys, dests)))
+    assert all(np.array_equal(src, dest) for src, dest in zip(sources, dests))
+
+
 def test_missing_key_and_wrong_destination_length_fail_only_their_key(make_store):
     store = make_store()
     keys = [key_of(i) for i in range(3)]

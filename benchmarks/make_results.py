@@ -662,6 +662,18 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_s26_bf16.json', "The Zipf stream at concurrency 4 on an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running, after the +5 ms mount's runs (2026-12-07, a twenty-sixth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s26_bf16.json', None),
+    ('rag_traffic_zipf48_latency5_rw_s26_bf16.json', 'The +5 ms mount on an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, Blend alone, a block read and written in one call per 8 MiB, its header with its payload (72c92d1; the calls were of 256 KiB), nothing else running (2026-12-07, a twenty-sixth session)',
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_rw_s26_bf16.json", None),
+    ('rag_traffic_zipf48_dir_s26_bf16.json', 'The plain directory, the same host, with the one-call reads (writes as before), just before',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --out benchmarks/results/rag_traffic_zipf48_dir_s26_bf16.json', None),
+    ('rag_traffic_zipf48_latency5_s26_bf16.json', 'The +5 ms mount with the one-call reads (writes as before), first of the session',
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_s26_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_old_s26_bf16.json', "The +5 ms mount with the store's native module of 9880b42 (calls of 256 KiB, the header read and written apart), right after the run with both changes",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_old_s26_bf16.json", None),
+    ('rag_traffic_zipf48_latency5_direct_s26_bf16.json', 'The +5 ms mount with O_DIRECT (io_direct true) and the one-call reads and writes, right after',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount \'latency_ms=5\' --store-config \'{"io_direct": true}\' --out benchmarks/results/rag_traffic_zipf48_latency5_direct_s26_bf16.json', None),
     ('rag_traffic_zipf48_c4_s25_f32.json', "The Zipf stream at concurrency 4 on an Intel host with AVX-512F but neither AVX512-BF16 nor AMX (2 cores), float32, plain vLLM then Blend back to back, nothing else running (2026-12-07, a twenty-fifth session)",
      'python benchmarks/rag_traffic.py --dtype float32 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s25_f32.json', None),
     ('rag_traffic_zipf48_latency5_s25_f32.json', "The +5 ms mount on the same host, float32, Blend alone, with a lookup's stat threads sized by what a stat cost in the last lookup (4aa2e2f) and the test mount answering 64 calls at once",
@@ -1123,17 +1135,19 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s23_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s26_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
+    ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMD host with AVX-512-BF16",
+     "rag_traffic_zipf48_c4_s26_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, float32, on an AVX-512 host without bfloat16",
      "rag_traffic_zipf48_c4_s25_f32.json"),
-    ("RAG stream with 5 ms added to every file operation of the store's mount, on an AVX-512 host without bfloat16",
-     "rag_traffic_zipf48_latency5_s25_f32.json"),
+    ("RAG stream with 5 ms added to every file operation of the store's mount, on an AMD host with AVX-512-BF16",
+     "rag_traffic_zipf48_latency5_rw_s26_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMX host", "rag_traffic_zipf48_c4_s24_bf16.json"),
     ("RAG stream without reuse, float32, on an AMX host", "rag_traffic_fresh36_s24_f32.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount, lookups batched, on an AMX host",

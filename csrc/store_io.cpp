@@ -360,6 +360,19 @@ ssize_t pread_full(int fd, void* buf, size_t n, off_t off) {
   return static_cast<ssize_t>(done);
 }
 
+// Drops the first `n` bytes a vectored call moved from the front of its iovecs.
+void skip_done(struct iovec*& iov, int& cnt, size_t n) {
+  while (cnt > 0 && n >= iov->iov_len) {
+    n -= iov->iov_len;
+    ++iov;
+    --cnt;
+  }
+  if (cnt > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + n;
+    iov->iov_len -= n;
+  }
+}
+
 // preadv() that retries EINTR and short reads: bytes read (short only at EOF) or -1 with errno set.
 ssize_t preadv_full(int fd, struct iovec* iov, int cnt, off_t off) {
   size_t done = 0;
@@ -371,16 +384,7 @@ ssize_t preadv_full(int fd, struct iovec* iov, int cnt, off_t off) {
     }
     if (r == 0) break;
     done += static_cast<size_t>(r);
-    size_t left = static_cast<size_t>(r);
-    while (cnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --cnt;
-    }
-    if (cnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    skip_done(iov, cnt, static_cast<size_t>(r));
   }
   return static_cast<ssize_t>(done);
 }
@@ -399,16 +403,7 @@ bool pwritev_full(int fd, struct iovec* iov, int cnt, off_t off) {
       return false;
     }
     done += static_cast<size_t>(r);
-    size_t left = static_cast<size_t>(r);
-    while (cnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --cnt;
-    }
-    if (cnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    skip_done(iov, cnt, static_cast<size_t>(r));
   }
   return true;
 }
@@ -518,8 +513,8 @@ AlignedBuf aligned_alloc_or_throw(size_t n) {
   return AlignedBuf(static_cast<uint8_t*>(p));
 }
 
-// Per worker thread: one header region and one chunk, both aligned for O_DIRECT, and a read
-// buffer for O_DIRECT reads into unaligned destinations, grown on first use up to kIoUnit.
+// Per worker thread: one header region and one chunk, both aligned for O_DIRECT, and a bounce
+// buffer for O_DIRECT calls on unaligned memory, grown on first use up to kIoUnit.
 struct ScratchBuffers {
   AlignedBuf region = aligned_alloc_or_throw(kHeaderRegion);
   AlignedBuf chunk = aligned_alloc_or_throw(kChunk);

@@ -664,6 +664,8 @@ SERVE_RERUNS = [
 TRAFFIC_RUNS = [
     ('rag_traffic_zipf48_c4_s26_bf16.json', "The Zipf stream at concurrency 4 on an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running, after the +5 ms mount's runs (2026-12-07, a twenty-sixth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s26_bf16.json', None),
+    ('rag_traffic_zipf48_c2_s26_bf16.json', 'The same stream at concurrency 2 on the same host, plain vLLM then Blend back to back, right after',
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s26_bf16.json', None),
     ('rag_traffic_zipf48_latency5_rw_s26_bf16.json', 'The +5 ms mount on an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, Blend alone, a block read and written in one call per 8 MiB, its header with its payload (72c92d1; the calls were of 256 KiB), nothing else running (2026-12-07, a twenty-sixth session)',
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --mount 'latency_ms=5' --out benchmarks/results/rag_traffic_zipf48_latency5_rw_s26_bf16.json", None),
     ('rag_traffic_zipf48_dir_s26_bf16.json', 'The plain directory, the same host, with the one-call reads (writes as before), just before',

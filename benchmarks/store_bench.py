@@ -64,13 +64,18 @@ def main() -> None:
     print_table(rows, args)
 
 
+def blocks(rng: np.random.Generator, n: int, nbytes: int) -> tuple[list[bytes], list[np.ndarray]]:
+    """`n` random keys and blocks of distinct contents (filling GBs with random numbers would
+    dominate the run)."""
+    keys = [rng.bytes(16) for _ in range(n)]
+    base = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    return keys, [np.roll(base, i * 4099) for i in range(n)]
+
+
 def run(store: UcmNfsStore, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     n = args.blocks
     rng = np.random.default_rng(0)
-    keys = [rng.bytes(16) for _ in range(n)]
-    # Distinct contents per block; filling 1.2 GB with random numbers would dominate the run.
-    base = rng.integers(0, 256, BLOCK_BYTES, dtype=np.uint8)
-    sources = [np.roll(base, i * 4099) for i in range(n)]
+    keys, sources = blocks(rng, n, BLOCK_BYTES)
     dests = [np.empty(BLOCK_BYTES, dtype=np.uint8) for _ in range(n)]
     batches = [range(i, min(n, i + args.batch)) for i in range(0, n, args.batch)]
     total = n * BLOCK_BYTES
@@ -148,10 +153,7 @@ def run_mounted(args: argparse.Namespace, block_bytes: int) -> dict:
                              "io_direct": args.direct})
         store.wait_open_scan()
         try:
-            rng = np.random.default_rng(0)
-            base = rng.integers(0, 256, block_bytes, dtype=np.uint8)
-            keys = [rng.bytes(16) for _ in range(args.blocks)]
-            sources = [np.roll(base, i * 4099) for i in range(args.blocks)]
+            keys, sources = blocks(np.random.default_rng(0), args.blocks, block_bytes)
             # Staging rows are rarely 4 KiB aligned: neither are these destinations.
             raw = np.empty(args.blocks * block_bytes + 64, dtype=np.uint8)
             dests = [raw[64 + i * block_bytes:64 + (i + 1) * block_bytes] for i in range(args.blocks)]

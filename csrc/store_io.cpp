@@ -345,84 +345,35 @@ bool drop_direct_on_einval(int fd) {
   return true;
 }
 
-// Returns bytes read (short only at EOF) or -1 with errno set.
-ssize_t pread_full(int fd, void* buf, size_t n, off_t off) {
+// preadv() or pwritev() until every iovec is moved, retrying EINTR and short calls: bytes moved
+// (short only at a read's EOF) or -1 with errno set (EIO for a write that moves nothing).
+ssize_t vectored_full(bool write, int fd, struct iovec* iov, int cnt, off_t off) {
   size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, static_cast<char*>(buf) + done, n - done, off + done);
+  while (cnt > 0) {
+    off_t at = off + static_cast<off_t>(done);
+    ssize_t r = write ? ::pwritev(fd, iov, cnt, at) : ::preadv(fd, iov, cnt, at);
     if (r < 0) {
       if (errno == EINTR || drop_direct_on_einval(fd)) continue;
       return -1;
     }
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  return static_cast<ssize_t>(done);
-}
-
-// Drops the first `n` bytes a vectored call moved from the front of its iovecs.
-void skip_done(struct iovec*& iov, int& cnt, size_t n) {
-  while (cnt > 0 && n >= iov->iov_len) {
-    n -= iov->iov_len;
-    ++iov;
-    --cnt;
-  }
-  if (cnt > 0) {
-    iov->iov_base = static_cast<char*>(iov->iov_base) + n;
-    iov->iov_len -= n;
-  }
-}
-
-// preadv() that retries EINTR and short reads: bytes read (short only at EOF) or -1 with errno set.
-ssize_t preadv_full(int fd, struct iovec* iov, int cnt, off_t off) {
-  size_t done = 0;
-  while (cnt > 0) {
-    ssize_t r = ::preadv(fd, iov, cnt, off + static_cast<off_t>(done));
-    if (r < 0) {
-      if (errno == EINTR || drop_direct_on_einval(fd)) continue;
+    if (r == 0) {
+      if (!write) break;
+      errno = EIO;
       return -1;
     }
-    if (r == 0) break;
     done += static_cast<size_t>(r);
-    skip_done(iov, cnt, static_cast<size_t>(r));
+    for (size_t left = static_cast<size_t>(r); cnt > 0 && left > 0; ) {  // drop what moved
+      size_t n = std::min(left, iov->iov_len);
+      iov->iov_base = static_cast<char*>(iov->iov_base) + n;
+      iov->iov_len -= n;
+      left -= n;
+      if (iov->iov_len == 0) {
+        ++iov;
+        --cnt;
+      }
+    }
   }
   return static_cast<ssize_t>(done);
-}
-
-// pwritev() that retries EINTR and short writes.
-bool pwritev_full(int fd, struct iovec* iov, int cnt, off_t off) {
-  size_t done = 0;
-  while (cnt > 0) {
-    ssize_t r = ::pwritev(fd, iov, cnt, off + static_cast<off_t>(done));
-    if (r < 0) {
-      if (errno == EINTR || drop_direct_on_einval(fd)) continue;
-      return false;
-    }
-    if (r == 0) {
-      errno = EIO;
-      return false;
-    }
-    done += static_cast<size_t>(r);
-    skip_done(iov, cnt, static_cast<size_t>(r));
-  }
-  return true;
-}
-
-bool pwrite_full(int fd, const void* buf, size_t n, off_t off) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pwrite(fd, static_cast<const char*>(buf) + done, n - done, off + done);
-    if (r < 0) {
-      if (errno == EINTR || drop_direct_on_einval(fd)) continue;
-      return false;
-    }
-    if (r == 0) {
-      errno = EIO;
-      return false;
-    }
-    done += static_cast<size_t>(r);
-  }
-  return true;
 }
 
 bool is_direct(int fd) {
@@ -578,7 +529,7 @@ bool write_region_and_payload(int fd, const Item& it, uint8_t* region, bool& pad
       padded = padded || rounded > n;
     }
     off_t at = first ? 0 : static_cast<off_t>(kHeaderRegion + off);
-    if (!pwritev_full(fd, iov, cnt, at)) return false;
+    if (vectored_full(/*write=*/true, fd, iov, cnt, at) < 0) return false;
     off += n;
   }
   return true;
@@ -676,7 +627,7 @@ int read_region_and_payload(int fd, Item& it, uint8_t* region, Xxh64& hash) {
       iov[cnt++] = {copy_from, round_up(n, kAlign)};
     }
     off_t at = first ? 0 : static_cast<off_t>(kHeaderRegion + off);
-    ssize_t got = preadv_full(fd, iov, cnt, at);
+    ssize_t got = vectored_full(/*write=*/false, fd, iov, cnt, at);
     if (got < 0) {
       it.err = errno;
       return kIoError;
@@ -713,7 +664,8 @@ int read_block_fd(int fd, Item& it, const IoOptions& opt) {
     int rc = read_region_and_payload(fd, it, region, hash);
     if (rc != kOk) return rc;
   } else {  // the header says what is wrong with the file
-    ssize_t got = pread_full(fd, region, kHeaderRegion, 0);
+    struct iovec iov = {region, kHeaderRegion};
+    ssize_t got = vectored_full(/*write=*/false, fd, &iov, 1, 0);
     if (got < 0) {
       it.err = errno;
       return kIoError;

@@ -8,9 +8,11 @@
 //   [0, 8)      magic "UCMKVBLK"
 //   [8, 12)     u32 length of the msgpack header that follows
 //   [12, ...)   msgpack map {version, payload_offset, payload_len,
-//               token_count, xxh64, key, header_xxh64}, zero padded to 4096 bytes
-// xxh64 covers the payload, header_xxh64 every other header field (header_digest), so a damaged
-// token_count or key is detected like a damaged payload.
+//               token_count, xxh64, key, header_xxh64[, segments]}, zero padded to 4096 bytes
+// Version 1: xxh64 covers the payload. Version 2 (a payload of several equal segments, e.g. one per
+// model layer, each readable and verifiable alone): `segments` lists each segment's XXH64 and
+// xxh64 is the XXH64 of that list (u64 LE each). header_xxh64 covers every other header field
+// (header_digest), so a damaged token_count, key or segment list is detected like a damaged payload.
 //   [4096, ...) payload (exactly payload_len bytes)
 // The payload starts at 4096 so that O_DIRECT can read it into an aligned
 // destination without a bounce copy.
@@ -73,7 +75,9 @@ class Xxh64 {
 constexpr char kMagic[8] = {'U', 'C', 'M', 'K', 'V', 'B', 'L', 'K'};
 constexpr size_t kPrefixSize = 12;        // magic + u32 header length
 constexpr size_t kHeaderRegion = 4096;    // payload offset
-constexpr uint64_t kFormatVersion = 1;
+constexpr uint64_t kFormatVersion = 1;           // one checksum over the payload
+constexpr uint64_t kSegmentedVersion = 2;        // a checksum per segment
+constexpr size_t kMaxSegments = 256;             // their checksums fit the header region
 constexpr size_t kAlign = 4096;           // O_DIRECT buffer/offset/length alignment
 constexpr size_t kChunk = 256 * 1024;     // bounce for an O_DIRECT read's unaligned tail
 // Most payload bytes one read or write call moves. A network file system (NFS, FUSE) sends one
@@ -99,6 +103,7 @@ enum Status : int {
   kTruncated = 6,
   kExists = 7,  // dump: the final file was already there, nothing written
   kUnsupportedVersion = 8,  // written by another format version; left alone (rolling upgrades)
+  kNotSegmented = 9,  // a segment read of a block stored without those segments; left alone
 };
 
 struct BlockHeader {
@@ -109,7 +114,19 @@ struct BlockHeader {
   uint64_t checksum = 0;
   std::string key;
   uint64_t header_checksum = 0;
+  std::vector<uint64_t> segments;  // version 2: each segment's XXH64
 };
+
+// XXH64 of a list of segment checksums (version 2's xxh64 field).
+uint64_t segments_digest(const std::vector<uint64_t>& segments) {
+  Xxh64 hash(0);
+  for (uint64_t d : segments) {
+    uint8_t le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>((d >> (8 * i)) & 0xff);
+    hash.update(le, sizeof(le));
+  }
+  return hash.digest();
+}
 
 // XXH64 of the header's other fields: five u64 LE (version, payload_offset, payload_len,
 // token_count, xxh64), then the key bytes (ucm/store/block_format.py computes the same).
@@ -144,6 +161,14 @@ class MsgpackWriter {
     } else {
       out_.push_back(static_cast<char>(0xcf));
       be(v, 8);
+    }
+  }
+  void array_header(uint32_t n) {
+    if (n < 16) {
+      out_.push_back(static_cast<char>(0x90 | n));
+    } else {
+      out_.push_back(static_cast<char>(0xdc));
+      be(n, 2);
     }
   }
   void bin(std::string_view b) {
@@ -187,6 +212,24 @@ class MsgpackReader {
     if (b == 0xde && be(2, v)) { n = static_cast<uint32_t>(v); return true; }
     if (b == 0xdf && be(4, v)) { n = static_cast<uint32_t>(v); return true; }
     return false;
+  }
+
+  // An array of unsigned ints (version 2's segment checksums).
+  bool uint_array(std::vector<uint64_t>& out) {
+    uint8_t b;
+    if (!byte(b)) return false;
+    uint64_t n;
+    if ((b & 0xf0) == 0x90) n = b & 0x0f;
+    else if (b == 0xdc) { if (!be(2, n)) return false; }
+    else return false;
+    if (n > kMaxSegments) return false;
+    out.clear();
+    for (uint64_t i = 0; i < n; ++i) {
+      Value v;
+      if (!value(v) || v.kind != Value::kUint) return false;
+      out.push_back(v.u);
+    }
+    return true;
   }
 
   // Reads one value; anything but unsigned ints, str and bin is skipped (kOther), so
@@ -275,7 +318,8 @@ uint64_t header_digest(const BlockHeader& h) {
 // Fills the 4096-byte header region (prefix + msgpack + zero padding).
 void encode_header_region(const BlockHeader& h, uint8_t* region) {
   MsgpackWriter w;
-  w.map_header(7);
+  const bool segmented = !h.segments.empty();
+  w.map_header(segmented ? 8 : 7);
   w.str("version");        w.uint(h.version);
   w.str("payload_offset"); w.uint(h.payload_offset);
   w.str("payload_len");    w.uint(h.payload_len);
@@ -283,6 +327,11 @@ void encode_header_region(const BlockHeader& h, uint8_t* region) {
   w.str("xxh64");          w.uint(h.checksum);
   w.str("key");            w.bin(h.key);
   w.str("header_xxh64");   w.uint(h.header_checksum);
+  if (segmented) {
+    w.str("segments");
+    w.array_header(static_cast<uint32_t>(h.segments.size()));
+    for (uint64_t d : h.segments) w.uint(d);
+  }
   const std::string& mp = w.bytes();
   std::memset(region, 0, kHeaderRegion);
   std::memcpy(region, kMagic, sizeof(kMagic));
@@ -302,7 +351,13 @@ int decode_header_region(const uint8_t* region, BlockHeader& h) {
   unsigned seen = 0;
   for (uint32_t i = 0; i < entries; ++i) {
     MsgpackReader::Value k, v;
-    if (!r.value(k) || !r.value(v)) return kBadHeader;
+    if (!r.value(k)) return kBadHeader;
+    if (k.kind == MsgpackReader::Value::kBytes && k.bytes == "segments") {
+      if (!r.uint_array(h.segments) || h.segments.empty()) return kBadHeader;
+      seen |= 128;
+      continue;
+    }
+    if (!r.value(v)) return kBadHeader;
     if (k.kind != MsgpackReader::Value::kBytes) continue;
     auto take_uint = [&](uint64_t& dst, unsigned bit) {
       if (v.kind != MsgpackReader::Value::kUint) return false;
@@ -323,9 +378,13 @@ int decode_header_region(const uint8_t* region, BlockHeader& h) {
     } else if (k.bytes == "header_xxh64") ok = take_uint(h.header_checksum, 64);
     if (!ok) return kBadHeader;
   }
-  if ((seen & 1) && h.version != kFormatVersion) return kUnsupportedVersion;
-  if (seen != 127 || h.payload_offset != kHeaderRegion) return kBadHeader;
+  if ((seen & 1) && h.version != kFormatVersion && h.version != kSegmentedVersion) return kUnsupportedVersion;
+  const unsigned want = h.version == kSegmentedVersion ? 255 : 127;
+  if (seen != want || h.payload_offset != kHeaderRegion) return kBadHeader;
   if (header_digest(h) != h.header_checksum) return kBadHeader;
+  if (h.version == kSegmentedVersion &&
+      (h.payload_len % h.segments.size() != 0 || segments_digest(h.segments) != h.checksum))
+    return kBadHeader;
   return kOk;
 }
 
@@ -497,9 +556,31 @@ struct Item {
   uint8_t* data = nullptr;
   size_t size = 0;
   uint64_t token_count = 0;
+  uint32_t segments = 1;  // write: equal segments, each with its own checksum (> 1: version 2)
+  // A segment read: segments [seg_first, seg_first + parts.size()) of a block of seg_total, each
+  // into its own destination (0 seg_total: the whole payload into data, size).
+  std::vector<std::pair<uint8_t*, size_t>> parts;
+  uint32_t seg_first = 0;
+  uint32_t seg_total = 0;
   int status = kIoError;
   int err = 0;
 };
+
+// Whether `data` (the payload) matches the header's checksum, or each of its segment checksums.
+bool payload_matches(const BlockHeader& h, const uint8_t* data) {
+  if (h.segments.empty()) {
+    Xxh64 hash(0);
+    hash.update(data, h.payload_len);
+    return hash.digest() == h.checksum;
+  }
+  const size_t seg = h.payload_len / h.segments.size();
+  for (size_t i = 0; i < h.segments.size(); ++i) {
+    Xxh64 hash(0);
+    hash.update(data + i * seg, seg);
+    if (hash.digest() != h.segments[i]) return false;
+  }
+  return true;
+}
 
 struct IoOptions {
   bool direct = false;
@@ -557,15 +638,26 @@ void write_block(Item& it, const IoOptions& opt) {
     it.status = kIoError;
     return;
   }
-  // The payload is hashed first: its header, which carries the checksum, goes with its first bytes.
-  Xxh64 hash(0);
-  hash.update(it.data, it.size);
+  // The payload is hashed first: its header, which carries the checksums, goes with its first bytes.
   BlockHeader h;
-  h.version = kFormatVersion;
+  if (it.segments > 1) {
+    const size_t seg = it.size / it.segments;
+    for (uint32_t i = 0; i < it.segments; ++i) {
+      Xxh64 hash(0);
+      hash.update(it.data + i * seg, seg);
+      h.segments.push_back(hash.digest());
+    }
+    h.version = kSegmentedVersion;
+    h.checksum = segments_digest(h.segments);
+  } else {
+    Xxh64 hash(0);
+    hash.update(it.data, it.size);
+    h.version = kFormatVersion;
+    h.checksum = hash.digest();
+  }
   h.payload_offset = kHeaderRegion;
   h.payload_len = it.size;
   h.token_count = it.token_count;
-  h.checksum = hash.digest();
   h.key = it.key;
   h.header_checksum = header_digest(h);
   uint8_t* region = scratch().region.get();
@@ -596,7 +688,7 @@ void write_block(Item& it, const IoOptions& opt) {
 
 // Reads the payload, and with its first call the header region (the file's first kHeaderRegion
 // bytes) into `region`: one call per kIoUnit bytes. Returns kOk, kTruncated or kIoError.
-int read_region_and_payload(int fd, Item& it, uint8_t* region, Xxh64& hash) {
+int read_region_and_payload(int fd, Item& it, uint8_t* region) {
   ScratchBuffers& s = scratch();
   bool first = true;
   for (size_t off = 0; first || off < it.size; first = false) {
@@ -634,7 +726,6 @@ int read_region_and_payload(int fd, Item& it, uint8_t* region, Xxh64& hash) {
     }
     if (static_cast<size_t>(got) < want) return kTruncated;
     if (copy_from) std::memcpy(dst + copied_at, copy_from, n - copied_at);
-    hash.update(dst, n);
     off += n;
   }
   return kOk;
@@ -650,27 +741,37 @@ void maybe_touch(int fd, const struct stat& st, double touch_interval_s) {
   if (age >= touch_interval_s) (void)::futimens(fd, nullptr);
 }
 
-int read_block_fd(int fd, Item& it, const IoOptions& opt) {
-  struct stat st;
+// Reads `iov` from `at` to its end: kOk, kTruncated (the file ended first) or kIoError (errno kept).
+int read_fully(int fd, std::vector<struct iovec> iov, off_t at, Item& it) {
+  size_t want = 0;
+  for (auto& v : iov) want += v.iov_len;
+  ssize_t got = vectored_full(/*write=*/false, fd, iov.data(), static_cast<int>(iov.size()), at);
+  if (got < 0) {
+    it.err = errno;
+    return kIoError;
+  }
+  return static_cast<size_t>(got) < want ? kTruncated : kOk;
+}
+
+// fstat of an open block: kOk, kIoError, or kBadHeader for a FIFO, device or directory.
+int stat_block(int fd, struct stat& st, Item& it) {
   if (::fstat(fd, &st) != 0) {
     it.err = errno;
     return kIoError;
   }
-  if (!S_ISREG(st.st_mode)) return kBadHeader;  // a FIFO, device or directory is no block
+  return S_ISREG(st.st_mode) ? kOk : kBadHeader;
+}
+
+int read_block_fd(int fd, Item& it, const IoOptions& opt) {
+  struct stat st;
+  if (int rc = stat_block(fd, st, it); rc != kOk) return rc;
   uint8_t* region = scratch().region.get();
   uint64_t expected = kHeaderRegion + it.size;
-  Xxh64 hash(0);
   if (static_cast<uint64_t>(st.st_size) == expected) {  // the usual case: header and payload together
-    int rc = read_region_and_payload(fd, it, region, hash);
+    int rc = read_region_and_payload(fd, it, region);
     if (rc != kOk) return rc;
-  } else {  // the header says what is wrong with the file
-    struct iovec iov = {region, kHeaderRegion};
-    ssize_t got = vectored_full(/*write=*/false, fd, &iov, 1, 0);
-    if (got < 0) {
-      it.err = errno;
-      return kIoError;
-    }
-    if (static_cast<size_t>(got) < kHeaderRegion) return kTruncated;
+  } else if (int rc = read_fully(fd, {{region, kHeaderRegion}}, 0, it); rc != kOk) {
+    return rc;  // else the header says what is wrong with the file
   }
   BlockHeader h;
   int rc = decode_header_region(region, h);
@@ -679,7 +780,43 @@ int read_block_fd(int fd, Item& it, const IoOptions& opt) {
   if (h.payload_len != it.size) return kLengthMismatch;
   if (static_cast<uint64_t>(st.st_size) < expected) return kTruncated;
   if (static_cast<uint64_t>(st.st_size) > expected) return kBadHeader;
-  if (hash.digest() != h.checksum) return kChecksumMismatch;
+  if (!payload_matches(h, it.data)) return kChecksumMismatch;
+  it.token_count = h.token_count;
+  maybe_touch(fd, st, opt.touch_interval_s);
+  return kOk;
+}
+
+// Reads some segments of a version 2 block, each into its part, and verifies only them: the
+// header region first, with the segments in the same call when they start the payload.
+int read_segments_fd(int fd, Item& it, const IoOptions& opt) {
+  struct stat st;
+  if (int rc = stat_block(fd, st, it); rc != kOk) return rc;
+  const size_t seg = it.parts.front().second;
+  const uint64_t expected = kHeaderRegion + static_cast<uint64_t>(seg) * it.seg_total;
+  const bool together = it.seg_first == 0 && static_cast<uint64_t>(st.st_size) == expected;
+  uint8_t* region = scratch().region.get();
+  std::vector<struct iovec> parts;
+  for (auto& p : it.parts) parts.push_back({p.first, p.second});
+  std::vector<struct iovec> first{{region, kHeaderRegion}};
+  if (together) first.insert(first.end(), parts.begin(), parts.end());
+  if (int rc = read_fully(fd, first, 0, it); rc != kOk) return rc;
+  BlockHeader h;
+  int rc = decode_header_region(region, h);
+  if (rc != kOk) return rc;
+  if (h.key != it.key) return kBadHeader;
+  if (h.segments.size() != it.seg_total) return kNotSegmented;  // version 1, or other segments
+  if (h.payload_len != expected - kHeaderRegion) return kLengthMismatch;
+  if (static_cast<uint64_t>(st.st_size) < expected) return kTruncated;
+  if (static_cast<uint64_t>(st.st_size) > expected) return kBadHeader;
+  if (!together) {
+    off_t at = static_cast<off_t>(kHeaderRegion + static_cast<uint64_t>(seg) * it.seg_first);
+    if (rc = read_fully(fd, parts, at, it); rc != kOk) return rc;
+  }
+  for (size_t j = 0; j < it.parts.size(); ++j) {
+    Xxh64 hash(0);
+    hash.update(it.parts[j].first, it.parts[j].second);
+    if (hash.digest() != h.segments[it.seg_first + j]) return kChecksumMismatch;
+  }
   it.token_count = h.token_count;
   maybe_touch(fd, st, opt.touch_interval_s);
   return kOk;
@@ -687,7 +824,9 @@ int read_block_fd(int fd, Item& it, const IoOptions& opt) {
 
 void read_block(Item& it, const IoOptions& opt) {
   ShardDir dir(it.path, /*create=*/false);
-  int fd = dir.valid() ? open_maybe_direct(dir.fd(), dir.name(), O_RDONLY | O_CLOEXEC, opt.direct) : -1;
+  // Segments land in parts of a caller's buffer, seldom aligned: they are read buffered.
+  const bool segments = it.seg_total > 0;
+  int fd = dir.valid() ? open_maybe_direct(dir.fd(), dir.name(), O_RDONLY | O_CLOEXEC, opt.direct && !segments) : -1;
   if (!dir.valid() && (errno == ELOOP || errno == ENOTDIR)) {
     it.err = errno;
     it.status = kNotFound;  // behind a symlinked shard: not part of the store
@@ -706,8 +845,8 @@ void read_block(Item& it, const IoOptions& opt) {
   }
   // A whole block is read front to back: the kernel may read ahead further (twice its window on
   // Linux), so that a buffered read over a network file system waits for fewer round trips.
-  if (!is_direct(fd)) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  it.status = read_block_fd(fd, it, opt);
+  if (!is_direct(fd) && !segments) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  it.status = segments ? read_segments_fd(fd, it, opt) : read_block_fd(fd, it, opt);
   ::close(fd);
 }
 
@@ -788,11 +927,12 @@ class IoEngine {
 
   int64_t submit_write(const std::vector<std::string>& keys, const std::vector<std::string>& tmp_paths,
                        const std::vector<std::string>& final_paths, const py::sequence& buffers,
-                       const std::vector<uint64_t>& token_counts) {
+                       const std::vector<uint64_t>& token_counts, const std::vector<uint32_t>& segments) {
     size_t n = keys.size();
     if (tmp_paths.size() != n || final_paths.size() != n || static_cast<size_t>(py::len(buffers)) != n ||
-        token_counts.size() != n)
-      throw py::value_error("submit_write: keys, tmp_paths, final_paths, buffers, token_counts differ in length");
+        token_counts.size() != n || (!segments.empty() && segments.size() != n))
+      throw py::value_error("submit_write: keys, tmp_paths, final_paths, buffers, token_counts, segments differ "
+                            "in length");
     auto task = std::make_shared<Task>();
     task->is_write = true;
     task->items.resize(n);
@@ -806,6 +946,49 @@ class IoEngine {
       it.data = task->pins.back().data();
       it.size = task->pins.back().size();
       it.token_count = token_counts[i];
+      if (!segments.empty()) {
+        it.segments = segments[i];
+        if (it.segments < 1 || it.segments > kMaxSegments || it.size % it.segments != 0)
+          throw py::value_error("submit_write: source " + std::to_string(i) + " of " + std::to_string(it.size) +
+                                " bytes cannot be " + std::to_string(it.segments) + " equal segments (1.." +
+                                std::to_string(kMaxSegments) + ")");
+      }
+    }
+    return enqueue(std::move(task));
+  }
+
+  // Reads segments [first, first + len(buffers[i])) of each block of `total` equal segments, the
+  // j-th into buffers[i][j] (all of one segment's size), verifying only those segments.
+  int64_t submit_read_segments(const std::vector<std::string>& keys, const std::vector<std::string>& paths,
+                               const py::sequence& buffers, uint32_t first, uint32_t total) {
+    size_t n = keys.size();
+    if (paths.size() != n || static_cast<size_t>(py::len(buffers)) != n)
+      throw py::value_error("submit_read_segments: keys, paths, buffers differ in length");
+    if (total < 1 || total > kMaxSegments)
+      throw py::value_error("submit_read_segments: total must be in 1.." + std::to_string(kMaxSegments));
+    auto task = std::make_shared<Task>();
+    task->items.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      py::sequence parts = py::reinterpret_borrow<py::sequence>(buffers[i]);
+      size_t m = static_cast<size_t>(py::len(parts));
+      if (m < 1 || first + m > total)
+        throw py::value_error("submit_read_segments: block " + std::to_string(i) + " asks for segments " +
+                              std::to_string(first) + ".." + std::to_string(first + m) + " of " +
+                              std::to_string(total));
+      Item& it = task->items[i];
+      it.key = keys[i];
+      it.path = paths[i];
+      it.seg_first = first;
+      it.seg_total = total;
+      for (size_t j = 0; j < m; ++j) {
+        task->pins.push_back(pin(parts[j], /*writable=*/true, "destination", i));
+        it.parts.emplace_back(task->pins.back().data(), task->pins.back().size());
+        if (it.parts.back().second != it.parts.front().second || it.parts.back().second == 0)
+          throw py::value_error("submit_read_segments: block " + std::to_string(i) +
+                                "'s destinations are not of one non-zero size");
+      }
+      it.data = it.parts.front().first;
+      it.size = it.parts.front().second * m;
     }
     return enqueue(std::move(task));
   }
@@ -1043,6 +1226,8 @@ PYBIND11_MODULE(_native, m) {
   m.attr("PREFIX_SIZE") = kPrefixSize;
   m.attr("HEADER_REGION") = kHeaderRegion;
   m.attr("FORMAT_VERSION") = kFormatVersion;
+  m.attr("SEGMENTED_VERSION") = kSegmentedVersion;
+  m.attr("MAX_SEGMENTS") = kMaxSegments;
   py::dict codes;
   codes["OK"] = static_cast<int>(kOk);
   codes["NOT_FOUND"] = static_cast<int>(kNotFound);
@@ -1053,6 +1238,7 @@ PYBIND11_MODULE(_native, m) {
   codes["TRUNCATED"] = static_cast<int>(kTruncated);
   codes["EXISTS"] = static_cast<int>(kExists);
   codes["UNSUPPORTED_VERSION"] = static_cast<int>(kUnsupportedVersion);
+  codes["NOT_SEGMENTED"] = static_cast<int>(kNotSegmented);
   m.attr("STATUS_CODES") = codes;
 
   m.def("xxh64", &xxh64_py, py::arg("data"), py::arg("seed") = 0,
@@ -1065,7 +1251,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("direct_io") = false, py::arg("fsync") = false, py::arg("touch_interval_s") = 60.0,
            py::arg("cpus") = std::vector<int>{})
       .def("submit_write", &IoEngine::submit_write, py::arg("keys"), py::arg("tmp_paths"),
-           py::arg("final_paths"), py::arg("buffers"), py::arg("token_counts"))
+           py::arg("final_paths"), py::arg("buffers"), py::arg("token_counts"),
+           py::arg("segments") = std::vector<uint32_t>{})
+      .def("submit_read_segments", &IoEngine::submit_read_segments, py::arg("keys"), py::arg("paths"),
+           py::arg("buffers"), py::arg("first"), py::arg("total"))
       .def("submit_read", &IoEngine::submit_read, py::arg("keys"), py::arg("paths"), py::arg("buffers"))
       .def("poll", &IoEngine::poll, py::arg("task_id"))
       .def("wait", &IoEngine::wait, py::arg("task_id"), py::arg("timeout_s") = -1.0)

@@ -118,9 +118,18 @@ class KVStoreBase(ABC):
         destination's contents are unspecified (it may be partly overwritten): recompute it.
         """
 
+    def load_segments(self, keys: Sequence[bytes], destinations: Sequence[Sequence[Buffer]], first: int,
+                      total: int) -> Task:
+        """Start copying segments `first, first + 1, ...` of blocks stored as `total` equal segments
+        (`dump(..., segments=total)`), the j-th of block i into `destinations[i][j]`, each verified
+        alone. A block stored otherwise fails (left stored); the caller reads it whole instead."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read a part of a block")
+
     @abstractmethod
-    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
-        """Start storing blocks. Sources must stay unmodified until `wait` returns."""
+    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int],
+             segments: int = 1) -> Task:
+        """Start storing blocks. Sources must stay unmodified until `wait` returns. `segments` > 1:
+        each source is that many equal segments, each checksummed apart (`load_segments`)."""
 
     @abstractmethod
     def wait(self, task: Task, timeout_s: float | None = None) -> list[bool]:

@@ -2,12 +2,16 @@
 
 Layout: magic "UCMKVBLK" | u32 LE msgpack header length | msgpack header map, zero padded to
 HEADER_REGION bytes | payload. The payload starts at 4096 so O_DIRECT reads land aligned.
-`xxh64` covers the payload and `header_xxh64` the other header fields (`header_digest`): a
-damaged token count or key is caught like a damaged payload.
+Version 1: `xxh64` covers the payload. Version 2 (`SEGMENTED_VERSION`): the payload is several
+equal segments (the connector's: one per model layer), `segments` lists each one's XXH64 so a
+segment can be read and verified alone, and `xxh64` is the XXH64 of that list. `header_xxh64`
+covers the other header fields (`header_digest`): a damaged token count, key or segment list is
+caught like a damaged payload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
 from dataclasses import dataclass
@@ -19,6 +23,8 @@ MAGIC = b"UCMKVBLK"
 PREFIX = struct.Struct("<8sI")
 HEADER_REGION = 4096
 FORMAT_VERSION = 1
+SEGMENTED_VERSION = 2
+MAX_SEGMENTS = 256
 BLOCK_SUFFIX = ".kvb"
 
 
@@ -34,6 +40,7 @@ class IoStatus(enum.IntEnum):
     TRUNCATED = 6
     EXISTS = 7
     UNSUPPORTED_VERSION = 8  # another format version wrote it; not ours to judge or delete
+    NOT_SEGMENTED = 9  # a segment read of a block stored without those segments; left alone
 
 
 # A stored block whose bytes cannot be trusted; it is removed so it stops answering lookups.
@@ -52,6 +59,7 @@ class BlockHeader:
     xxh64: int
     key: bytes
     header_xxh64: int = 0
+    segments: tuple[int, ...] = ()  # version 2: each segment's XXH64
 
 
 _HEADER_FIELDS = ("version", "payload_offset", "payload_len", "token_count", "xxh64", "key", "header_xxh64")
@@ -61,6 +69,11 @@ def header_digest(h: BlockHeader) -> int:
     """XXH64 of the header fields other than itself (must match csrc/store_io.cpp)."""
     fields = struct.pack("<5Q", h.version, h.payload_offset, h.payload_len, h.token_count, h.xxh64)
     return xxhash.xxh64(fields + h.key, seed=0).intdigest()
+
+
+def segments_digest(segments) -> int:
+    """Version 2's `xxh64`: the XXH64 of the segment checksums, u64 LE each."""
+    return xxhash.xxh64(struct.pack(f"<{len(segments)}Q", *segments), seed=0).intdigest()
 
 
 def file_size(payload_len: int) -> int:
@@ -96,10 +109,20 @@ def parse_header(region: bytes) -> BlockHeader:
             raise ValueError(f"block header key is a {type(value).__name__}, not bytes")
         if name != "key" and not (type(value) is int and 0 <= value < 1 << 64):
             raise ValueError(f"block header {name} is not a u64: {value!r}")
-    if header.version != FORMAT_VERSION:
+    if header.version not in (FORMAT_VERSION, SEGMENTED_VERSION):
         raise ValueError(f"unsupported block format version {header.version}")
     if header_digest(header) != header.header_xxh64:
         raise ValueError("block header checksum mismatch")
+    if header.version == SEGMENTED_VERSION:
+        segments = fields.get("segments")
+        if (not isinstance(segments, list) or not 0 < len(segments) <= MAX_SEGMENTS
+                or not all(type(d) is int and 0 <= d < 1 << 64 for d in segments)):
+            raise ValueError(f"version 2 block header without a valid segment list: {segments!r}")
+        if header.payload_len % len(segments) or segments_digest(segments) != header.xxh64:
+            raise ValueError("block header segment list does not match its checksum or payload length")
+        header = dataclasses.replace(header, segments=tuple(segments))
+    elif "segments" in fields:
+        raise ValueError("version 1 block header with a segment list")
     return header
 
 

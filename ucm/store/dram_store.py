@@ -50,6 +50,21 @@ class DramStore(KVStoreBase):
         dest[:] = block.data
         return True
 
+    def get_segments_into(self, key: bytes, dests: list[memoryview], first: int, total: int) -> bool:
+        """Copy segments `first...` of a block of `total` equal segments into `dests`; False if
+        absent or of another length."""
+        with self._lock:
+            block = self._blocks.get(key)
+            seg = len(dests[0]) if dests else 0
+            if (block is None or not seg or first + len(dests) > total or len(block.data) != seg * total
+                    or any(len(d) != seg for d in dests)):
+                return False
+            self._blocks.move_to_end(key)
+        for j, dest in enumerate(dests):
+            at = (first + j) * seg
+            dest[:] = block.data[at:at + seg]
+        return True
+
     def put(self, key: bytes, src: memoryview, token_count: int) -> int:
         """Store a copy; returns how many blocks were evicted to make room."""
         size = len(src)
@@ -88,16 +103,30 @@ class DramStore(KVStoreBase):
         views = [byte_view(d, writable=True) for d in destinations]
         t0 = time.perf_counter()
         results = [self.get_into(k, v) for k, v in zip(keys, views)]
+        return self._loaded(keys, results, [len(v) for v in views], t0)
+
+    def load_segments(self, keys: Sequence[bytes], destinations: Sequence[Sequence[Buffer]], first: int,
+                      total: int) -> Task:
+        keys = validate_keys(keys)
+        if len(destinations) != len(keys):
+            raise ValueError(f"load_segments: {len(keys)} keys but {len(destinations)} destination lists")
+        views = [[byte_view(d, writable=True) for d in parts] for parts in destinations]
+        t0 = time.perf_counter()
+        results = [self.get_segments_into(k, v, first, total) for k, v in zip(keys, views)]
+        return self._loaded(keys, results, [sum(len(d) for d in v) for v in views], t0)
+
+    def _loaded(self, keys: list[bytes], results: list[bool], sizes: list[int], t0: float) -> Task:
         with self._lock:
             ok = sum(results)
             self._stats.load_blocks += ok
             self._stats.dram_hits += ok
-            self._stats.load_bytes += sum(len(v) for v, r in zip(views, results) if r)
+            self._stats.load_bytes += sum(n for n, r in zip(sizes, results) if r)
             self._stats.load_errors += len(keys) - ok
             self._stats.load_seconds += time.perf_counter() - t0
         return Task("load", keys, results=results)
 
-    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
+    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int],
+             segments: int = 1) -> Task:
         keys = validate_keys(keys)
         if not len(keys) == len(sources) == len(token_counts):
             raise ValueError(f"dump: {len(keys)} keys, {len(sources)} sources, {len(token_counts)} token_counts")

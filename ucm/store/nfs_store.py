@@ -17,7 +17,7 @@ from typing import Any
 
 from ucm.cpus import other_cpus
 from ucm.store.base import BlockMeta, Buffer, KVStoreBase, StoreStats, Task, byte_view, validate_keys
-from ucm.store.block_format import file_size, read_header
+from ucm.store.block_format import MAX_SEGMENTS, file_size, read_header
 from ucm.store.capacity import CapacityLimiter
 from ucm.store.config import LOAD_GRACE_S, NfsStoreConfig
 from ucm.store.dram_store import DramStore
@@ -100,23 +100,38 @@ class UcmNfsStore(KVStoreBase):
         if len(destinations) != len(keys):
             raise ValueError(f"load: {len(keys)} keys but {len(destinations)} destinations")
         views = [_view(d, i, "destination", writable=True) for i, d in enumerate(destinations)]
+        return self._start_load(keys, views, None if self._dram is None else self._dram.get_into,
+                                self._engine.submit_read)
+
+    def load_segments(self, keys: Sequence[bytes], destinations: Sequence[Sequence[Buffer]], first: int,
+                      total: int) -> Task:
+        keys = validate_keys(keys)
+        self._check_open()
+        if len(destinations) != len(keys):
+            raise ValueError(f"load_segments: {len(keys)} keys but {len(destinations)} destination lists")
+        views = [[_view(d, i, "destination", writable=True) for d in parts] for i, parts in enumerate(destinations)]
+        dram = self._dram
+        return self._start_load(keys, views,
+                                None if dram is None else lambda key, parts: dram.get_segments_into(key, parts, first, total),
+                                lambda k, p, v: self._engine.submit_read_segments(k, p, v, first, total), partial=True)
+
+    def _start_load(self, keys: list[bytes], views: list, from_dram, submit, partial: bool = False) -> Task:
+        """A load of `views` (per key: a destination, or `partial`: its segments' destinations):
+        from the DRAM tier where `from_dram(key, view)` copies it, the rest submitted to the IO threads."""
         t0 = time.perf_counter()
         task = Task("load", keys)
-        if self._dram is not None:
-            for i, (key, view) in enumerate(zip(keys, views)):
-                if self._dram.get_into(key, view):
-                    task.served_from_dram.add(i)
+        if from_dram is not None:
+            task.served_from_dram = {i for i, (key, view) in enumerate(zip(keys, views)) if from_dram(key, view)}
         task.native_indices = [i for i in range(len(keys)) if i not in task.served_from_dram]
         if task.native_indices and self._watch.refusing_io():
             return self._refused(task)
         paths = [self._layout.block_path(keys[i]) for i in task.native_indices]
-        task.native_id = self._engine.submit_read(
-            [keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices]
-        )
-        task.context = LoadContext(paths, views, time.perf_counter() - t0)
+        task.native_id = submit([keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices])
+        task.context = LoadContext(paths, views, time.perf_counter() - t0, partial)
         return task
 
-    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int]) -> Task:
+    def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int],
+             segments: int = 1) -> Task:
         keys = validate_keys(keys)
         self._check_open()
         if not len(keys) == len(sources) == len(token_counts):
@@ -125,6 +140,9 @@ class UcmNfsStore(KVStoreBase):
         tokens = [int(t) for t in token_counts]
         if any(t < 0 for t in tokens):
             raise ValueError("dump: token_counts must be >= 0")
+        if not 1 <= segments <= MAX_SEGMENTS or any(len(v) % segments for v in views):
+            raise ValueError(f"dump: segments={segments}: every source must split into that many equal "
+                             f"segments (1..{MAX_SEGMENTS})")
         if self._dram is not None:
             for key, view, t in zip(keys, views, tokens):
                 self._dram.put(key, view, t)
@@ -177,7 +195,7 @@ class UcmNfsStore(KVStoreBase):
         try:
             task.native_id = self._engine.submit_write(
                 [keys[i] for i in new], [self._layout.temp_path(keys[i]) for i in new], [paths[i] for i in new],
-                [views[i] for i in new], [tokens[i] for i in new]
+                [views[i] for i in new], [tokens[i] for i in new], [segments] * len(new) if segments > 1 else []
             )
         except BaseException:
             if self._limiter is not None:
@@ -218,7 +236,7 @@ class UcmNfsStore(KVStoreBase):
             return None
         if not cfg.load_min_mb_s or task.context is None:
             return cfg.load_timeout_s
-        nbytes = sum(task.context.views[i].nbytes for i in task.native_indices)
+        nbytes = sum(task.context.nbytes(i) for i in task.native_indices)
         return min(cfg.load_timeout_s, LOAD_GRACE_S + nbytes / (cfg.load_min_mb_s * 1e6))
 
     def check(self, task: Task) -> bool:

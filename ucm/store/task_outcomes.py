@@ -30,8 +30,12 @@ QUARANTINE_S = 300.0
 @dataclass(slots=True)
 class LoadContext:
     paths: list[str]
-    views: list[memoryview]
+    views: list  # per block: its destination, or (partial) its segments' destinations
     submit_seconds: float
+    partial: bool = False  # segments of blocks: never copied into the DRAM tier
+
+    def nbytes(self, i: int) -> int:
+        return sum(len(v) for v in self.views[i]) if self.partial else len(self.views[i])
 
 
 @dataclass(slots=True)
@@ -119,16 +123,16 @@ class TaskOutcomes:
         results = [False] * len(task.keys)
         for i in task.served_from_dram:
             results[i] = True
-        ok_bytes = sum(len(ctx.views[i]) for i in task.served_from_dram)
+        ok_bytes = sum(ctx.nbytes(i) for i in task.served_from_dram)
         corrupt = 0
         for j, (i, status, err) in enumerate(zip(task.native_indices, statuses, errnos)):
             path = ctx.paths[j]
             if status == IoStatus.OK:
                 results[i] = True
-                ok_bytes += len(ctx.views[i])
+                ok_bytes += ctx.nbytes(i)
                 if self._limiter is not None:
                     self._limiter.touch(path)
-                if self._dram is not None:
+                if self._dram is not None and not ctx.partial:
                     self._dram.put(task.keys[i], ctx.views[i], tokens[j])
             elif status in CORRUPT_STATUSES:
                 corrupt += 1
@@ -202,7 +206,7 @@ def pinned_bytes(task: Task) -> int:
     """Bytes of caller buffers a task's IO may still touch."""
     ctx = task.context
     if isinstance(ctx, LoadContext):
-        return sum(len(v) for v in ctx.views)
+        return sum(ctx.nbytes(i) for i in range(len(ctx.views)))
     return sum(ctx.sizes) if isinstance(ctx, DumpContext) else 0
 
 

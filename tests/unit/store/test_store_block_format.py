@@ -84,7 +84,7 @@ def test_other_format_version_is_a_miss_and_is_left_in_place(make_store):
     store = make_store()
     key = key_of(2)
     payload = block_for(key, 5000).tobytes()
-    _write(store.block_path(key), _python_block(key, payload, version=2))
+    _write(store.block_path(key), _python_block(key, payload, version=3))
     dest = np.zeros(5000, dtype=np.uint8)
     assert store.wait(store.load([key], [dest])) == [False]
     assert os.path.exists(store.block_path(key))

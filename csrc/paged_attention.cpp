@@ -1058,16 +1058,15 @@ static bool cpu_has(int) { return false; }
 // (4-byte inner runs in the AMX tiles, a transposed K in the vec pages).
 template <typename T, int Fmt>
 static void gather_run(const std::vector<uintptr_t>& layers, const int64_t* run, int layer, int64_t page_stride,
-                       int64_t head_stride, int H, int D, int ps, T* out) {
+                       int64_t head_stride, int H, int D, int ps, int64_t tok, int64_t lay, T* out) {
   const int64_t i = run[0], b = run[1], o = run[2], n = run[3];
-  const int64_t L = static_cast<int64_t>(layers.size()), tok = L * 2 * H * D;
   const T* page = reinterpret_cast<const T*>(layers[layer]) + b * page_stride;
   for (int h = 0; h < H; ++h) {
     const T* kp = page + h * head_stride;
     const T* vp = kp + static_cast<int64_t>(D) * ps;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t t = o + j;
-      T* ko = out + (i + j) * tok + static_cast<int64_t>(layer) * 2 * H * D + h * D;
+      T* ko = out + (i + j) * tok + static_cast<int64_t>(layer) * lay + h * D;
       T* vo = ko + static_cast<int64_t>(H) * D;
       if constexpr (Fmt == kBF16Amx) {
         const T* kt = kp + (t / 16) * 16 * D + (t % 16) * 2;
@@ -1194,7 +1193,8 @@ void paged_attention_mass(uintptr_t q, uintptr_t pos, int64_t n, uintptr_t pages
 
 void gather_page_runs(const std::vector<uintptr_t>& layers, uintptr_t runs, int64_t num_runs, int page_format,
                       int elem_size, int64_t page_stride, int64_t head_stride, int H, int D, int page_size,
-                      uintptr_t out, int num_threads, const std::vector<int>& helper_cpus) {
+                      uintptr_t out, int64_t token_stride, int64_t layer_stride, int num_threads,
+                      const std::vector<int>& helper_cpus) {
   if (page_format < kF32 || page_format > kBF16Amx) throw std::invalid_argument("unknown page format");
   if (page_format == kBF16Amx ? elem_size != 2 : elem_size != 2 && elem_size != 4)
     throw std::invalid_argument("gather_page_runs: element size does not fit the page format");
@@ -1208,14 +1208,14 @@ void gather_page_runs(const std::vector<uintptr_t>& layers, uintptr_t runs, int6
     const int64_t* run = r + (item / L) * 4;
     const int layer = static_cast<int>(item % L);
     if (page_format == kBF16Amx)
-      gather_run<uint16_t, kBF16Amx>(layers, run, layer, page_stride, head_stride, H, D, page_size,
-                                     reinterpret_cast<uint16_t*>(out));
+      gather_run<uint16_t, kBF16Amx>(layers, run, layer, page_stride, head_stride, H, D, page_size, token_stride,
+                                     layer_stride, reinterpret_cast<uint16_t*>(out));
     else if (elem_size == 2)
-      gather_run<uint16_t, kBF16>(layers, run, layer, page_stride, head_stride, H, D, page_size,
-                                  reinterpret_cast<uint16_t*>(out));
+      gather_run<uint16_t, kBF16>(layers, run, layer, page_stride, head_stride, H, D, page_size, token_stride,
+                                  layer_stride, reinterpret_cast<uint16_t*>(out));
     else
-      gather_run<uint32_t, kF32>(layers, run, layer, page_stride, head_stride, H, D, page_size,
-                                 reinterpret_cast<uint32_t*>(out));
+      gather_run<uint32_t, kF32>(layers, run, layer, page_stride, head_stride, H, D, page_size, token_stride,
+                                 layer_stride, reinterpret_cast<uint32_t*>(out));
   };
 #if defined(__x86_64__)
   parallel_items(num_runs * L, num_threads, helper_cpus, [&](int64_t item, Scratch&) { one(item); });
@@ -1245,7 +1245,8 @@ PYBIND11_MODULE(_attention, m) {
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention, which checks the tensors.");
   m.def("gather_page_runs", &ucm_attn::gather_page_runs, py::arg("layers"), py::arg("runs"), py::arg("num_runs"),
         py::arg("page_format"), py::arg("elem_size"), py::arg("page_stride"), py::arg("head_stride"), py::arg("H"),
-        py::arg("D"), py::arg("page_size"), py::arg("out"), py::arg("num_threads"), py::arg("helper_cpus"),
+        py::arg("D"), py::arg("page_size"), py::arg("out"), py::arg("token_stride"), py::arg("layer_stride"),
+        py::arg("num_threads"), py::arg("helper_cpus"),
         "Raw-pointer entry point; call it through ucm.sparse.blend.tiled_attention.gather_page_runs.");
   m.def("mass_supported", &ucm_attn::mass_supported, py::arg("head_dim"), py::arg("page_size"),
         "Whether this CPU and geometry can use the native attention mass (AVX-512F).");

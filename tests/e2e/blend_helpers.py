@@ -98,10 +98,10 @@ def read_blocks(store: UcmNfsStore, keys: list[bytes], sizes: list[int], timeout
         assert time.monotonic() < deadline, f"blocks not stored after {timeout} s: {found}"
         time.sleep(0.1)
     assert [m.token_count for m in store.read_meta(keys)] == sizes
-    buffers = [torch.empty((n, NUM_LAYERS, 2, KV_HEADS, HEAD_SIZE), dtype=torch.float32) for n in sizes]
+    buffers = [torch.empty((NUM_LAYERS, n, 2, KV_HEADS, HEAD_SIZE), dtype=torch.float32) for n in sizes]  # stored form
     ok = store.wait(store.load(keys, [b.view(torch.uint8).numpy().reshape(-1) for b in buffers]))
     assert ok == [True] * len(keys)
-    return torch.cat(buffers)
+    return torch.cat([b.transpose(0, 1) for b in buffers])
 
 
 def block_files(store_dir) -> list:

@@ -93,7 +93,7 @@ def test_audit_finds_and_removes_a_wrong_block(engine_factory, audit_reference, 
     with UcmNfsStore({"storage_backends": str(store_dir)}) as store, \
             UcmNfsStore({"storage_backends": str(sharded)}) as out_store:
         for b, (key, kv) in enumerate(zip(keys, _payloads(store, keys))):
-            heads = kv.view(128, -1, 2, 3, 64)
+            heads = kv.view(-1, 128, 2, 3, 64)  # the stored form: layer-major
             parts = [heads[:, :, :, r:r + 1].contiguous() for r in range(3)]
             if b == 3:
                 parts[1] = heads[:, :, :, 0:1].contiguous()  # rank 1 stored rank 0's head

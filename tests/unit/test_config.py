@@ -452,11 +452,18 @@ def test_unknown_store_key_warns_via_the_store_parser(caplog):
 
 def test_ucm_top_level_keys_are_accepted_without_effect(caplog):
     extra = example()
-    extra.update(load_only_first_rank=False, use_layerwise=False, metrics_config_path="/tmp/metrics.yaml")
+    extra.update(load_only_first_rank=False, metrics_config_path="/tmp/metrics.yaml")
     with caplog.at_level(logging.INFO, logger="ucm.config"):
         parse(extra)
     assert "unknown" not in caplog.text
-    assert caplog.text.count("has no effect here") == 3
+    assert caplog.text.count("has no effect here") == 2
+
+
+def test_use_layerwise_is_a_switch():
+    assert parse({**example(), "use_layerwise": True}).use_layerwise is True
+    assert parse(example()).use_layerwise is False
+    with pytest.raises(UCMConfigError, match="use_layerwise must be true or false"):
+        parse({**example(), "use_layerwise": "yes"})
 
 
 def test_ucm_schema_store_keys_are_accepted_without_effect(caplog):

@@ -35,7 +35,7 @@ import yaml
 from ucm.config.blend import SPARSE_METHODS, BlendConfig, SparseSpec, parse_sparse
 from ucm.config.checks import UCMConfigError, _mapping, _require, _type_name, _warn_unknown, attn_layer_name
 from ucm.config.names import (ASYNC_PREFIX_LOADS_KEY, CONFIG_FILE_KEY, EXTRA_NAME, KNOWN_TOP_LEVEL_KEYS,
-                               PREFETCH_CHUNKS_KEY,
+                               LAYERWISE_KEY, PREFETCH_CHUNKS_KEY,
                               UCM_NO_EFFECT_TOP_LEVEL_KEYS,
                               QUERY_SELECTION, HKVD_SELECTION, ORACLE_SELECTION, BLEND_SELECTIONS,
                               CHUNK_LENGTHS_PARAM, DISABLE_BLEND_PARAM, RATIO_PARAM, SELECTION_PARAM,
@@ -98,6 +98,7 @@ class UCMConfig:
     config_file: str | None = None
     async_prefix_loads: bool | str = "auto"
     prefetch_chunks: bool | str = False
+    use_layerwise: bool = False  # chunk KV of Blend steps read layer group by layer group (LAYERWISE_KEY)
 
     @classmethod
     def from_extra_config(
@@ -142,7 +143,15 @@ class UCMConfig:
             config_file=config_file,
             async_prefix_loads=_true_false_auto(merged, ASYNC_PREFIX_LOADS_KEY),
             prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY, False),
+            use_layerwise=_true_false(merged, LAYERWISE_KEY, False),
         )
+
+
+def _true_false(merged: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = merged.get(key, default)
+    if not isinstance(value, bool):
+        raise UCMConfigError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _true_false_auto(merged: Mapping[str, Any], key: str, default: bool | str = "auto") -> bool | str:

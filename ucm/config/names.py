@@ -15,11 +15,14 @@ EXTRA_NAME = "kv_connector_extra_config"
 # than a fast read).
 ASYNC_PREFIX_LOADS_KEY = "async_prefix_loads"
 PREFETCH_CHUNKS_KEY = "prefetch_chunks"
+# A Blend step's chunk KV read layer group by layer group while its forward runs (UCM's key of that
+# name): layer i+1's read overlaps layer i's compute (connector/layerwise_loads.py).
+LAYERWISE_KEY = "use_layerwise"
 KNOWN_TOP_LEVEL_KEYS = frozenset({"ucm_connectors", "ucm_sparse_config", CONFIG_FILE_KEY, ASYNC_PREFIX_LOADS_KEY,
-                                  PREFETCH_CHUNKS_KEY})
+                                  PREFETCH_CHUNKS_KEY, LAYERWISE_KEY})
 # Top-level keys of UCM's own connector config that mean nothing here: accepted, with a note, so a
 # config written for UCM runs unchanged.
-UCM_NO_EFFECT_TOP_LEVEL_KEYS = frozenset({"load_only_first_rank", "use_layerwise", "metrics_config_path"})
+UCM_NO_EFFECT_TOP_LEVEL_KEYS = frozenset({"load_only_first_rank", "metrics_config_path"})
 
 # How Blend ranks the loaded tokens it recomputes (compute_meta[...]["selection"]): "query" weighs
 # each token's deviation by the attention the question pays it (ucm/sparse/blend/query_probe.py);

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from fault_mount import FaultMount, mounted_or_skip
-from ucm.integration.vllm.connector.background_loads import BackgroundLoads, bytes_view
+from ucm.integration.vllm.connector.background_loads import BackgroundLoads
+from ucm.integration.vllm.connector.block_tensors import new_block, stored_bytes
 from ucm.integration.vllm.faults import FAULTS_ENV
 from ucm.store.factory import create_store
 from ucm.store.keys import KeyKind, store_key
@@ -28,13 +29,14 @@ def open_store(root, **config):
 def stored_blocks(store, n):
     """n blocks of distinct contents, dumped: (keys, contents)."""
     keys = [store_key(b"ns", KeyKind.EXACT, bytes([i + 1]) * 32) for i in range(n)]
-    blocks = [torch.full(SHAPE, float(i + 1)) for i in range(n)]
-    assert store.wait(store.dump(keys, [bytes_view(b) for b in blocks], [SHAPE[0]] * n)) == [True] * n
+    blocks = [new_block(SHAPE[0], SHAPE[1:], torch.float32).fill_(i + 1) for i in range(n)]
+    assert store.wait(store.dump(keys, [stored_bytes(b) for b in blocks], [SHAPE[0]] * n, segments=SHAPE[1])) \
+        == [True] * n
     return keys, blocks
 
 
 def start(loads, req_id, keys, block_ids):
-    loads.start(req_id, keys, [torch.zeros(SHAPE) for _ in keys],
+    loads.start(req_id, keys, [new_block(SHAPE[0], SHAPE[1:], torch.float32).zero_() for _ in keys],
                 [torch.arange(i * 4, i * 4 + 4) for i in block_ids], block_ids)
 
 

@@ -509,9 +509,13 @@ def test_gather_layers_into_matches_gather(backend, isa, kbs, dtype):
 
         out = torch.empty(2 * kbs, len(caches), 2, H, D, dtype=dtype)
         assert gather_page_runs(caches, _page_runs(cases[-2], kbs), out, kbs, layout.page_format)
+        stored = torch.empty(len(caches), 2 * kbs, 2, H, D, dtype=dtype).transpose(0, 1)  # layer-major
+        assert gather_page_runs(caches, _page_runs(cases[-2], kbs), stored, kbs, layout.page_format)
+        assert torch.equal(stored, out)
     for slots in cases:
-        out = torch.full((len(slots), len(caches), 2, H, D), float("nan"), dtype=dtype)
-        layout.gather_layers_into(caches, slots, out)
-        for layer, cache in enumerate(caches):
-            k, v = layout.gather(cache, slots)
-            assert torch.equal(out[:, layer, 0], k) and torch.equal(out[:, layer, 1], v)
+        for out in (torch.full((len(slots), len(caches), 2, H, D), float("nan"), dtype=dtype),
+                    torch.full((len(caches), len(slots), 2, H, D), float("nan"), dtype=dtype).transpose(0, 1)):
+            layout.gather_layers_into(caches, slots, out)
+            for layer, cache in enumerate(caches):
+                k, v = layout.gather(cache, slots)
+                assert torch.equal(out[:, layer, 0], k) and torch.equal(out[:, layer, 1], v)

@@ -157,7 +157,7 @@ def test_store_namespace_by_content(tmp_path):
     b = make_model(tmp_path / "b" / "m", seed=2)
     copy = shutil.copytree(a, tmp_path / "mnt" / "models" / "m")
     ns_a = store_namespace(fake_vllm_config(a))
-    assert ns_a.startswith(b"ucm-blend/v2|model:" + model_digest(str(a)).encode())
+    assert ns_a.startswith(b"ucm-blend/v3|model:" + model_digest(str(a)).encode())
     assert store_namespace(fake_vllm_config(b)) != ns_a
     # Same model at another path and under another served name: same namespace, the KV is shared.
     assert store_namespace(fake_vllm_config(copy, served_name=["tenant-x"])) == ns_a

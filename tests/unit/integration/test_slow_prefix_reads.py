@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from fault_mount import FaultMount, mounted_or_skip
-from ucm.integration.vllm.connector.background_loads import SLOW_READ_S, bytes_view
+from ucm.integration.vllm.connector.background_loads import SLOW_READ_S
+from ucm.integration.vllm.connector.block_tensors import new_block, stored_bytes
 from ucm.integration.vllm.connector.metadata import BlockLoad, RequestStep, UCMConnectorMetadata
 from ucm.integration.vllm.connector.worker_side import WorkerSide
 from ucm.integration.vllm.kv_layout import layout_for
@@ -37,9 +38,9 @@ def worker(root) -> WorkerSide:
 
 def stored(w: WorkerSide, n: int) -> list:
     keys = [store_key(b"ns", KeyKind.EXACT, bytes([i + 1]) * 32) for i in range(n)]
-    blocks = [torch.full((BS, LAYERS, 2, H, D), float(i + 1)) for i in range(n)]
-    assert w.store.wait(w.store.dump([w.store_key(k) for k in keys], [bytes_view(b) for b in blocks],
-                                     [BS] * n)) == [True] * n
+    blocks = [new_block(BS, (LAYERS, 2, H, D), torch.float32).fill_(i + 1) for i in range(n)]
+    assert w.store.wait(w.store.dump([w.store_key(k) for k in keys], [stored_bytes(b) for b in blocks],
+                                     [BS] * n, segments=LAYERS)) == [True] * n
     return keys
 
 

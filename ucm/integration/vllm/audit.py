@@ -144,7 +144,7 @@ def block_error(stored: torch.Tensor, reference: torch.Tensor) -> tuple[float, f
 
 def shard_errors(reference: torch.Tensor, shards: Sequence[torch.Tensor | None]) -> list[tuple[float, float]]:
     """block_error of each tensor-parallel shard (flat payloads) against its heads of the full
-    reference `[tokens, layers, 2, heads, head_size]`; a missing or wrong-sized shard is infinite.
+    reference `[layers, tokens, 2, heads, head_size]` (the stored form); a missing or wrong-sized shard is infinite.
     Rank r of N holds heads from r*H//N on: H//N of them, or one (replicated) when N > H."""
     heads, out = reference.shape[3], []
     for r, got in enumerate(shards):
@@ -226,7 +226,7 @@ def audit_store(store_dir: str | os.PathLike, reference, prompts: Sequence[dict[
 
     namespace = store_namespace(config)
     hasher = BlockHasher.from_seed(cache.prefix_caching_hash_algo, cache.block_size, None)
-    geometry = (cache.block_size, -1, 2, heads, mc.get_head_size())
+    geometry = (-1, cache.block_size, 2, heads, mc.get_head_size())
     report = AuditReport(len(indices), 0, 0, atol, rtol)
     seen: set[bytes] = set()  # blocks shared by several prompts are compared once
     with _open(scratch_dir) as scratch, _open(str(store_dir)) as store:

@@ -8,6 +8,7 @@ side needs the other's internals.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,3 +79,11 @@ class BlendStep:
     max_rows: int | None = None  # the scheduler's cap on the rows run beside vLLM's (checked, counted if passed)
     # (layer, ratio) of each later check layer: the selection narrows there (gradual filtering)
     narrowing: tuple[tuple[int, float], ...] = ()
+    # Layer-wise loading: places the loaded KV of every layer up to the one given, waiting for its
+    # reads (raises when they failed); None: every layer was placed before the forward.
+    layers_ready: Callable[[int], None] | None = None
+
+    def wait_layers(self, layer: int) -> None:
+        """Before the loaded KV of layers up to `layer` is read (attention, a gather)."""
+        if self.layers_ready is not None:
+            self.layers_ready(layer)

@@ -255,17 +255,20 @@ def _helper_cpus() -> list[int]:
 def gather_page_runs(caches: list[torch.Tensor], runs: list[tuple[int, int, int, int]], out: torch.Tensor,
                      page_size: int, page_format: str = "vec") -> bool:
     """Copies the K/V of runs of tokens out of every layer's pages into ``out`` (``[n, layers, 2,
-    H, D]``, the store's token-major block form): ``out[i:i+n, layer]`` from tokens ``o:o+n`` of
+    H, D]``, any strides over its first two dims: the store's layer-major block seen token by token,
+    ``.transpose(0, 1)`` of ``[layers, n, 2, H, D]``): ``out[i:i+n, layer]`` from tokens ``o:o+n`` of
     page ``p``, for each run ``(i, p, o, n)``. Pages as `paged_causal_attention` reads them, each
     cache ``[num_pages, H, page_size, 2 * D]``. False (nothing copied) where the native kernel is
     not built or the tensors do not fit it; the caller copies then."""
     if _native is None or not hasattr(_native, "gather_page_runs") or not caches or not runs:
         return False
     dtype = caches[0].dtype
-    if ((dtype, page_format) not in PAGE_FORMATS or out.dtype != dtype or not out.is_contiguous()
-            or out.device.type != "cpu" or out.dim() != 5 or out.shape[1] != len(caches)):
+    if ((dtype, page_format) not in PAGE_FORMATS or out.dtype != dtype or out.device.type != "cpu"
+            or out.dim() != 5 or out.shape[1] != len(caches)):
         return False
     h, d = out.shape[3], out.shape[4]
+    if out.stride()[2:] != (h * d, d, 1):  # each token's K and V of a layer side by side
+        return False
     if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
            or tuple(c.shape[1:]) != (h, page_size, 2 * d) for c in caches):
         return False
@@ -276,6 +279,6 @@ def gather_page_runs(caches: list[torch.Tensor], runs: list[tuple[int, int, int,
         raise ValueError("gather_page_runs: a run falls outside out or the pages")
     _native.gather_page_runs([c.data_ptr() for c in caches], table.data_ptr(), table.shape[0],
                              PAGE_FORMATS[(dtype, page_format)], dtype.itemsize, h * 2 * page_size * d,
-                             2 * page_size * d, h, d, page_size, out.data_ptr(), torch.get_num_threads(),
-                             _helper_cpus())
+                             2 * page_size * d, h, d, page_size, out.data_ptr(), out.stride(0), out.stride(1),
+                             torch.get_num_threads(), _helper_cpus())
     return True

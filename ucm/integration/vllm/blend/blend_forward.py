@@ -25,8 +25,8 @@ import torch
 
 from ucm.integration.vllm.blend.forward_batch import ForwardBatch, batch_with_regions
 from ucm.integration.vllm.blend.oracle import oracle_score
-from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass, run_layers,
-                                               run_subset)
+from ucm.integration.vllm.blend.passes import (BlendRows, captured_queries, layer_attention_mass,
+                                               loaded_before_attention, run_layers, run_subset)
 from ucm.integration.vllm.blend.rank_faults import RankFaults
 from ucm.integration.vllm.blend.sparse_attention import KVShiftPlan
 from ucm.integration.vllm.blend_step import BlendStep
@@ -65,10 +65,18 @@ def blend_forward(model, step: BlendStep, input_ids, positions, inputs_embeds=No
 
     faults = RankFaults.of_tensor_parallel_group()
     batch = batch_with_regions(model, step, get_forward_context(), input_ids, positions, inputs_embeds, faults)
+    with loaded_before_attention(batch.rows.attn_layers(), step):
+        return _phases(model, step, batch, faults)
+
+
+def _phases(model, step: BlendStep, batch: ForwardBatch, faults: RankFaults) -> torch.Tensor:
+    """blend_forward's phases, with the batch built (and, layer-wise, each layer's loads awaited)."""
     roles = _row_roles(batch, step)
     early = model.layers[:step.check_layer]
-    oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries) \
-        if bool(roles.oracled.any()) else None  # diagnostic: before anything below touches the cache
+    oracle = None
+    if bool(roles.oracled.any()):  # diagnostic: before anything below touches the cache
+        step.wait_layers(len(model.layers) - 1)  # it reads every layer's loaded KV
+        oracle = oracle_score(model, step, batch.rows, batch.hidden, roles.loaded, roles.oracle_queries)
     hidden, residual = run_layers(early, batch.rows, ~roles.deferred, batch.hidden, None)
     score, candidates, mass, hidden, residual = _score_loaded_rows(model, step, batch, roles, hidden, residual,
                                                                    oracle)
@@ -255,6 +263,7 @@ def _narrow(layer, layer_index: int, step: BlendStep, batch: ForwardBatch, roles
     if not bool(ranked.any()):
         return compute
     deviation = torch.zeros(b.positions.shape[0], dtype=torch.float32, device=hidden.device)
+    step.wait_layers(layer_index)
     with b.faults.guarded("narrowing"):
         stale_v = step.layout.gather(step.caches[layer_index], b.slot_mapping[ranked])[1]  # not yet overwritten
         with b.lora_rows(torch.nonzero(ranked).flatten()):

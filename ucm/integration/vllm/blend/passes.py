@@ -95,6 +95,25 @@ def run_subset(layers, b: BlendRows, pseudo: PseudoBatch, hidden, residual, shif
 
 
 @contextlib.contextmanager
+def loaded_before_attention(attns, step):
+    """Layer-wise loading: each attention layer (`attns`, in layer order) first waits for its
+    loaded KV to be placed (`BlendStep.wait_layers`), whichever pass runs it."""
+    if step.layers_ready is None:
+        yield
+        return
+
+    def wait(index):
+        return lambda module, args: step.wait_layers(index)
+
+    hooks = [a.register_forward_pre_hook(wait(i)) for i, a in enumerate(attns)]
+    try:
+        yield
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+@contextlib.contextmanager
 def captured_queries(attns, keep):
     """Collects, in order, each attention layer's queries of the `keep` rows of the pass run inside
     (``[rows, heads, head_size]`` each, after RoPE)."""

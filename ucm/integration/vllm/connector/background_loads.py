@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ucm.integration.vllm.connector.block_tensors import stored_bytes
 from ucm.integration.vllm.faults import inject
 from ucm.store.base import KVStoreBase, Task
 
@@ -55,11 +56,6 @@ def outcome_if_ended(store: KVStoreBase, task: Task, give_up_at: float | None, n
 
 # Writes one block read (its buffer) into its cache slots.
 Placement = Callable[[torch.Tensor, torch.Tensor], None]
-
-
-def bytes_view(t: torch.Tensor):
-    """A writable uint8 numpy view of a contiguous CPU tensor (bf16 has no numpy dtype)."""
-    return t.view(torch.uint8).numpy().reshape(-1)
 
 
 @dataclass
@@ -104,7 +100,7 @@ class BackgroundLoads:
         the next poll, so vLLM still hears of the request)."""
         try:
             inject("load")
-            task = self.store.load(list(keys), [bytes_view(b) for b in buffers])
+            task = self.store.load(list(keys), [stored_bytes(b) for b in buffers])
         except Exception:  # a cache fault must not take the engine down: vLLM computes the blocks
             task = None
         self._loads[req_id] = _Load(task, buffers, slots, block_ids, give_up_time(self.store, task))

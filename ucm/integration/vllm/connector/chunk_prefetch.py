@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ucm.integration.vllm.connector.background_loads import bytes_view, give_up_time, outcome_if_ended
+from ucm.integration.vllm.connector.background_loads import give_up_time, outcome_if_ended
+from ucm.integration.vllm.connector.block_tensors import layer_parts, stored_bytes
 from ucm.integration.vllm.connector.metadata import BlockLoad, ChunkPrefetch
 from ucm.store.base import KVStoreBase, Task
 from ucm.store.keys import StoreKey
@@ -66,7 +67,7 @@ class ChunkPrefetches:
         if self.held_bytes + nbytes <= self.limit_bytes:
             bufs = buffers()
             try:
-                task = self.store.load(list(store_keys), [bytes_view(b) for b in bufs])
+                task = self.store.load(list(store_keys), [stored_bytes(b) for b in bufs])
             except Exception:  # a cache fault must not take the engine down: read in the step
                 task, bufs = None, []
         self._reads[req_id] = _Prefetch(task, list(keys), bufs, nbytes if task else 0, give_up_time(self.store, task))
@@ -122,10 +123,13 @@ class ChunkPrefetches:
 
 
 def read_others(store: KVStoreBase, keys: Sequence[bytes], destinations: Sequence[torch.Tensor],
-                filled: set[int]) -> tuple[Task, list[bool], int]:
-    """Reads the blocks not filled from a prefetch: (the store's task, every block's outcome, bytes read)."""
+                filled: set[int], after_submit: Callable[[], None] = lambda: None) -> tuple[Task, list[bool], int]:
+    """Reads the blocks not filled from a prefetch: (the store's task, every block's outcome, bytes read).
+    Each block's layers land apart (its rows in layer-major staging buffers)."""
     read = [i for i in range(len(keys)) if i not in filled]
-    task = store.load([keys[i] for i in read], [bytes_view(destinations[i]) for i in read])
+    layers = destinations[0].shape[1] if destinations else 1
+    task = store.load_segments([keys[i] for i in read], [layer_parts(destinations[i]) for i in read], 0, layers)
+    after_submit()  # reads that may wait behind these
     ok = [True] * len(keys)
     for i, good in zip(read, store.wait(task)):
         ok[i] = good

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ucm.integration.vllm.connector.background_loads import bytes_view
+from ucm.integration.vllm.connector.block_tensors import stored_bytes
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMWorkerReport
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.integration.vllm.faults import inject
@@ -73,8 +73,8 @@ class DumpQueue:
             return
         inject("dump")
         buffers = [gather(req, d) for req, d in dumps]
-        task = self.store.dump([shard(k) for k in keys], [bytes_view(b) for b in buffers],
-                               [d.num_tokens for _, d in dumps])
+        task = self.store.dump([shard(k) for k in keys], [stored_bytes(b) for b in buffers],
+                               [d.num_tokens for _, d in dumps], segments=buffers[0].shape[1] if buffers else 1)
         self.add(PendingDump(task, keys, buffers, nbytes))
         stats.add("dump_seconds", time.perf_counter() - start)
         stats.add("dumped_blocks", len(dumps))

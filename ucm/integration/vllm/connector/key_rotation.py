@@ -50,7 +50,8 @@ class KeyRotation:
         """Rotate K of several layers ([tokens, layers, H, D]) by per-token deltas, in place.
 
         vLLM's fused rotary kernel does it for all layers in one pass right in the staging
-        buffer: each (token, layer) is a row of H heads, rows a fixed stride apart. The kernel
+        buffer: each (token, layer) is a row of H heads, rows a fixed stride apart, token by token
+        or (the stored blocks' layer-major form) layer by layer. The kernel
         reads rotations at non-negative positions only: a chunk that moved to an earlier position
         (negative delta, half the chunks of a reordered prompt) reads the sin-negated half of
         `signed_cos_sin_cache`. Half-precision keys are rotated in a float32 copy (float32
@@ -60,15 +61,17 @@ class KeyRotation:
         if k.device.type == "cpu" and num_tokens > 0 and self.rotary_dim == head_size:
             from vllm import _custom_ops as ops
 
-            rows_evenly_spaced = (k.stride(3) == 1 and k.stride(2) == head_size
-                                  and k.stride(0) == num_layers * k.stride(1))
+            heads_packed = k.stride(3) == 1 and k.stride(2) == head_size
+            layer_major = heads_packed and (num_layers == 1 or k.stride(1) == num_tokens * k.stride(0))
             work = k
-            if k.dtype != self.cos_sin.dtype or not rows_evenly_spaced:
-                work = self.work_rows(tuple(k.shape), self.cos_sin.dtype).copy_(k)
-            rows = work.as_strided((num_tokens * num_layers, heads * head_size), (work.stride(1), 1))
+            if k.dtype != self.cos_sin.dtype or not (
+                    layer_major or (heads_packed and k.stride(0) == num_layers * k.stride(1))):
+                work, layer_major = self.work_rows(tuple(k.shape), self.cos_sin.dtype).copy_(k), False
+            row_stride = work.stride(0) if layer_major else work.stride(1)
+            rows = work.as_strided((num_tokens * num_layers, heads * head_size), (row_stride, 1))
             positions = signed_positions(delta, self.cos_sin.shape[0])
-            ops.rotary_embedding(positions.repeat_interleave(num_layers), rows, None, head_size,
-                                 self.signed_cos_sin, self.is_neox)
+            positions = positions.repeat(num_layers) if layer_major else positions.repeat_interleave(num_layers)
+            ops.rotary_embedding(positions, rows, None, head_size, self.signed_cos_sin, self.is_neox)
             if work is not k:
                 k.copy_(work)
             return

@@ -15,13 +15,17 @@ class ReusedBuffers:
         self.min_rows = min_rows
         self._buffers: dict[str, torch.Tensor] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The first ``shape[0]`` rows of the buffer kept under ``name``, grown to the largest size
-        asked for."""
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, dim: int = 0) -> torch.Tensor:
+        """The first ``shape[dim]`` rows along ``dim`` of the buffer kept under ``name``, grown to
+        the largest size asked for."""
         buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < shape[0] or buf.shape[1:] != shape[1:] or buf.dtype != dtype:
-            buf = self._buffers[name] = torch.empty((max(shape[0], self.min_rows), *shape[1:]), dtype=dtype)
-        return buf[: shape[0]]
+        other = (*shape[:dim], *shape[dim + 1:])
+        if (buf is None or buf.shape[dim] < shape[dim] or (*buf.shape[:dim], *buf.shape[dim + 1:]) != other
+                or buf.dtype != dtype):
+            grown = list(shape)
+            grown[dim] = max(shape[dim], self.min_rows)
+            buf = self._buffers[name] = torch.empty(grown, dtype=dtype)
+        return buf.narrow(dim, 0, shape[dim])
 
     def drop(self, *names: str) -> None:
         """Never hands these out again: the store's IO threads may still be writing them."""

@@ -55,7 +55,8 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
     (or served under different names) shares its KV. Dummy weights (load_format "dummy", seeded
     random values whatever the files hold) are marked apart from the real ones, and so are a
     quantization method and config overrides given at run time (`runtime_identity`). Architecture
-    and shape follow. v1 named the model by its directory; v2 stores are not found by v1 and back.
+    and shape follow. v1 named the model by its directory; v2 stored blocks token-major; v3 stores
+    them layer-major (one segment per layer): no version finds another's blocks.
     """
     mc = vllm_config.model_config
     hf = mc.hf_text_config
@@ -64,7 +65,7 @@ def store_namespace(vllm_config: VllmConfig) -> bytes:
     digest = model_digest(str(mc.model), getattr(mc, "revision", None), getattr(load, "download_dir", None))
     dummy = ":dummy" if str(getattr(load, "load_format", "auto")) == "dummy" else ""
     parts = [
-        "ucm-blend/v2",
+        "ucm-blend/v3",
         f"model:{digest}{dummy}",
         ",".join(getattr(mc.hf_config, "architectures", None) or []),
         f"L{hf.num_hidden_layers}", f"H{mc.get_total_num_kv_heads()}", f"D{mc.get_head_size()}",
@@ -186,7 +187,7 @@ class UCMConnector(KVConnectorBase_V1):
                 self._worker = WorkerSide(
                     vllm_config, self.store, blend.check_layer if blend else None,
                     blend.step_cap(vllm_config.scheduler_config.max_num_batched_tokens) if blend else None,
-                    blend.later_checks if blend else ())
+                    blend.later_checks if blend else (), layerwise=self.ucm_config.use_layerwise)
             except Exception:
                 self.store.close()
                 raise

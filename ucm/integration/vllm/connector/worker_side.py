@@ -1,9 +1,10 @@
 """Worker half of the UCM connector: moves KV between vLLM's paged cache and the store.
 
-Stored blocks are layout-free and token-major: `[num_tokens, num_layers, 2 (K, V), num_kv_heads,
-head_size]` in the KV cache dtype, K at the block's own positions (chunk-local for chunk KV), so
-one store serves engines with different attention backends, a chunk can be placed at any offset,
-and the chunk blocks of a step load back to back into one staging tensor.
+Stored blocks are layout-free and layer-major: `[num_layers, num_tokens, 2 (K, V), num_kv_heads,
+head_size]` in the KV cache dtype, one store segment per layer (block_tensors.py), K at the block's
+own positions (chunk-local for chunk KV), so one store serves engines with different attention
+backends, a chunk can be placed at any offset, one layer can be read alone, and the chunk blocks
+of a step load back to back into one staging tensor, layer by layer.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from ucm.integration.vllm.blend_step import BlendStep, RegionRows, require_blend
 from ucm.integration.vllm.kv_layout import KVLayout, layer_index, layout_for, slots_for_positions
 from ucm.sparse.blend.vocabulary import KEY_RULES, Selection
 from ucm.integration.vllm.connector.background_loads import BackgroundLoads, slow_read
-from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches, read_others
+from ucm.integration.vllm.connector.block_tensors import new_block
+from ucm.integration.vllm.connector.chunk_prefetch import ChunkPrefetches
 from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMConnectorMetadata, UCMWorkerReport
 from ucm.integration.vllm.connector.dump_queue import DumpQueue
+from ucm.integration.vllm.connector.layerwise_loads import LayerwiseLoad, read_step
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
 from ucm.integration.vllm.connector.read_layout import num_reads, read_destinations, staged_rows, whole_rows
+from ucm.integration.vllm.connector.staged_chunks import stage_chunks
 from ucm.integration.vllm.connector.rank_agreement import PeerLoadFailed, RankAgreement, tensor_parallel_rank_and_size
 from ucm.integration.vllm.connector.reused_buffers import ReusedBuffers
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
@@ -37,12 +41,16 @@ BLEND_BACKENDS = ("CPU_ATTN",)
 
 class WorkerSide:
     def __init__(self, vllm_config, store: KVStoreBase, check_layer: int | None, max_blend_rows: int | None = None,
-                 narrowing: tuple[tuple[int, float], ...] = ()):
+                 narrowing: tuple[tuple[int, float], ...] = (), layerwise: bool = False):
         self.vllm_config = vllm_config
         self.max_blend_rows = max_blend_rows
         self.store = store
         self.check_layer = check_layer
         self.narrowing = narrowing  # the later check layers (gradual filtering)
+        # Chunk KV of Blend steps read layer group by layer group during the forward; one rank only
+        # (under tensor parallelism a late fault on one rank would need the others to agree on it).
+        self.layerwise = layerwise
+        self._layerwise: LayerwiseLoad | None = None  # this step's reads still running
         self.block_size = vllm_config.cache_config.block_size
         self.layer_names: list[str] = []
         self.caches: list[torch.Tensor] = []
@@ -102,12 +110,12 @@ class WorkerSide:
         return shard_key(key, self.rank, self.world)
 
     def block_tensor(self, num_tokens: int) -> torch.Tensor:
-        L, two, H, D = self._token_shape
-        return torch.empty((num_tokens, L, two, H, D), dtype=self._dtype, device="cpu")
+        return new_block(num_tokens, self._token_shape, self._dtype)
 
     def _staging(self, name: str, num_tokens: int) -> torch.Tensor:
-        """A reused [tokens, layers, 2, H, D] load buffer."""
-        return self._buffers.get(name, (num_tokens, *self._token_shape), self._dtype)
+        """A reused load buffer: the [tokens, layers, 2, H, D] view of layer-major storage."""
+        L, *rest = self._token_shape
+        return self._buffers.get(name, (L, num_tokens, *rest), self._dtype, dim=1).transpose(0, 1)
 
     # ---- loads ---------------------------------------------------------------------------
 
@@ -135,6 +143,7 @@ class WorkerSide:
                 failed = PeerLoadFailed("another tensor-parallel rank's loads or placement failed")
         if failed is not None:
             self._blend_step = None
+            self._end_layerwise()
             # The store's IO threads may still be writing the load buffers: never reuse them.
             self._buffers.drop("chunk_rows", "whole_blocks")
             self._fail_requests([req for req in meta.requests if req.prefix_loads or req.blend is not None],
@@ -158,7 +167,10 @@ class WorkerSide:
         filled = self._prefetch.fill([(req.req_id, ld) for req, ld in chunks], destinations)
         self.stats.add("prefetched_blocks", len(filled))
         waited = time.perf_counter()
-        task, ok, read_bytes = read_others(self.store, keys, destinations, filled)
+        # Chunk blocks of Blend steps: layer-wise, the first layer group is waited for, the rest read on.
+        layered = len(chunks) if blends and self.layerwise and self.world == 1 else 0
+        task, ok, read_bytes, self._layerwise = read_step(self.store, keys, destinations, filled, layered,
+                                                          len(self.caches), self.check_layer, self.stats)
         ok = self._agreement.loaded(len(keys), ok)
         if ok is None:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")
@@ -181,26 +193,22 @@ class WorkerSide:
                 self._failed_block_ids.add(req.block_ids[ld.start // self.block_size])
                 self._distrust(req.req_id)
 
-        rows, slots, deltas, offset = [], [], [], 0
         for (req, ld), buf, good in zip(chunks, destinations, ok):
-            n = ld.num_tokens - ld.skip
-            if good:  # a failed chunk block is simply not loaded: the forward computes its tokens
-                if not ld.whole:
-                    staging[offset:offset + n] = buf[ld.rows]
-                rows.append(torch.arange(offset, offset + n))
-                slots.append(self._slots(req, ld.start + ld.skip, n))
-                deltas.append(torch.full((n,), ld.rope_delta, dtype=torch.long))
+            if good:
                 self._count_load(buf)
-            else:
+            else:  # not loaded: the forward computes its tokens
                 self.stats.add("failed_blocks")
                 self._distrust(req.req_id)
-            offset += n
+        staged = stage_chunks(chunks, destinations, ok, staging, self._slots, self._device)
+        layerwise = self._layerwise if staged is not None else None
         if blends:
-            if rows:
-                loaded = staging if offset == sum(len(r) for r in rows) else staging[torch.cat(rows)]
-                slot_t = torch.cat(slots).to(self._device)
+            if staged is not None:
                 keyed = any(Selection.parse(req.blend.selection) in KEY_RULES for req in blends)
-                check_k, check_v = self._place_chunks(loaded, slot_t, torch.cat(deltas), keep_k=keyed)
+                slot_t = staged.slots
+                first = layerwise.groups[0][1] if layerwise is not None else len(self.caches)
+                check_k, check_v = self._place_chunks(staged.layers(0, first), slot_t, staged.deltas, 0, keyed)
+                if layerwise is not None:
+                    layerwise.place = lambda a, b: self._place_chunks(staged.layers(a, b), slot_t, staged.deltas, a)
             else:  # every chunk load failed: the regions are computed in full
                 slot_t = torch.zeros(0, dtype=torch.long, device=self._device)
                 check_v = torch.zeros((0, *self._token_shape[2:]), dtype=self._dtype, device=self._device)
@@ -208,7 +216,8 @@ class WorkerSide:
             self._blend_step = BlendStep(slot_t, check_v, check_k, [self._region_rows(req) for req in blends],
                                          self.check_layer, self.layout, self.caches, self.stats,
                                          None if self.rotation is None else (self.rotation.cos_sin, self.rotation.is_neox),
-                                         self.max_blend_rows, self.narrowing)
+                                         self.max_blend_rows, self.narrowing,
+                                         None if layerwise is None else layerwise.ready)
         self.stats.add("load_seconds", elapsed := time.perf_counter() - start)
         logger.debug("loaded %d blocks in %.3fs", len(keys), elapsed)
 
@@ -251,24 +260,25 @@ class WorkerSide:
         for layer, cache in enumerate(self.caches):
             self.layout.scatter(cache, slots, block[:, layer, 0].to(self._device), block[:, layer, 1].to(self._device))
 
-    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor,
-                      keep_k: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Write every layer, K shifted (in `kv`, a buffer of ours); return the check layer's
-        loaded K (shifted; None unless `keep_k`) and V.
-
-        `kv` is [tokens, layers, 2, H, D]. Layers before the check layer are needed too: rows
-        that skip them (probed requests, full reuse) attend to the loaded KV there. The check
-        layer's K and V are kept aside for the deviation test, because the selected tokens overwrite them
-        in the cache. All layers are shifted in one rotation, then scattered once per layer
-        straight from the staging rows (no per-layer copies).
+    def _place_chunks(self, kv: torch.Tensor, slots: torch.Tensor, delta: torch.Tensor, first_layer: int = 0,
+                      keep_k: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Write `kv`'s layers ([tokens, layers, 2, H, D], from `first_layer` on), K shifted in one
+        rotation (in `kv`, a buffer of ours), scattered layer by layer; return the check layer's
+        loaded K (None unless `keep_k`) and V (None if not among them), kept aside for the deviation
+        test as the selected tokens overwrite them in the cache. Layers before the check layer are
+        needed too: rows that skip them (probed requests, full reuse) attend to the loaded KV there.
         """
         assert self.layout is not None and self.check_layer is not None
         inject("rotate")
         self.rotation.shift_(kv[:, :, 0], delta)
-        for layer, cache in enumerate(self.caches):
-            self.layout.scatter(cache, slots, kv[:, layer, 0].to(self._device), kv[:, layer, 1].to(self._device))
-        check_k = kv[:, self.check_layer, 0].to(self._device, copy=True) if keep_k else None
-        return check_k, kv[:, self.check_layer, 1].to(self._device, copy=True)
+        for j in range(kv.shape[1]):
+            self.layout.scatter(self.caches[first_layer + j], slots, kv[:, j, 0].to(self._device),
+                                kv[:, j, 1].to(self._device))
+        check = self.check_layer - first_layer
+        if not 0 <= check < kv.shape[1]:
+            return None, None
+        check_k = kv[:, check, 0].to(self._device, copy=True) if keep_k else None
+        return check_k, kv[:, check, 1].to(self._device, copy=True)
 
     def _distrust(self, req_id: str) -> None:
         """A load of this request failed: the rows computed over it must never reach the store."""
@@ -311,7 +321,14 @@ class WorkerSide:
 
     # ---- dumps ---------------------------------------------------------------------------
 
+    def _end_layerwise(self) -> None:
+        """Ends the step's layer-wise reads; buffers a read past its deadline may write are dropped."""
+        running, self._layerwise = self._layerwise, None
+        if running is not None and not running.finish():
+            self._buffers.drop("chunk_rows", "whole_blocks")
+
     def wait_for_save(self, meta: UCMConnectorMetadata) -> None:
+        self._end_layerwise()
         try:
             self._save(meta)
         except Exception as exc:  # nothing of this step is stored; the engine goes on
@@ -369,6 +386,7 @@ class WorkerSide:
         return taken
 
     def shutdown(self) -> None:
+        self._end_layerwise()
         self._background.drop()
         self._reap_dumps(block=True)
         self.totals.aggregate(self.stats)

@@ -82,7 +82,18 @@ _KERNEL = (f"{_Q} --dtype bfloat16 --num-questions 6 --sweep --ratios 0.15 --sel
            "--max-tokens 4 --no-plot --enforce-eager")
 _KERNEL_HOST = "SmolLM2 on 6 MuSiQue questions, ratio 0.15, bfloat16, eager, an AMD EPYC host with AVX-512-BF16"
 _AMX_HOST = "an Intel Xeon host with AMX (2026-12-01, a twentieth session), back to back, nothing else running"
+_LW = f"{_Q} --dtype bfloat16 --num-questions 3 --sweep --ratios 0.15 --selections query,hkvd --kl-tokens 1 --max-tokens 4 --no-plot"
+_LW_HOST = ("SmolLM2 on 3 MuSiQue questions, fully cached (every passage indexed), ratio 0.15, bfloat16, compiled, an "
+            "AMD EPYC host with AVX-512-BF16 (2 cores), the four runs back to back (2026-12-07, a twenty-seventh session)")
 QUALITY_RUNS = [
+    ("layerwise_200_lw_s27_bf16.json", f"Layer-wise loading (use_layerwise) behind the FUSE test mount capped at 200 MB/s, {_LW_HOST}",
+     f"{_LW} --mount bandwidth_mb_s=200 --layerwise --out benchmarks/results/layerwise_200_lw_s27_bf16.json"),
+    ("layerwise_200_s27_bf16.json", "Whole blocks read before the forward, the same mount capped at 200 MB/s, the same host",
+     f"{_LW} --mount bandwidth_mb_s=200 --out benchmarks/results/layerwise_200_s27_bf16.json"),
+    ("layerwise_dir_lw_s27_bf16.json", "Layer-wise loading on the plain directory, the same host",
+     f"{_LW} --layerwise --out benchmarks/results/layerwise_dir_lw_s27_bf16.json"),
+    ("layerwise_dir_s27_bf16.json", "Whole blocks read before the forward on the plain directory, the same host (first of the four)",
+     f"{_LW} --out benchmarks/results/layerwise_dir_s27_bf16.json"),
     ("qwen05_long_amx_bf16_gen8.json", "Qwen2.5-Coder-0.5B-Instruct on long prompts (the 8 generated questions of "
      f"qwen05_long_shares_bf16_gen8.json), {_AMX_HOST}: the AMX attention and the KV shift by whole pages",
      f"{_Q} --model qwen2.5-coder-0.5b --dtype bfloat16 --generated --num-questions 8 --selections query "

@@ -843,9 +843,10 @@ void read_block(Item& it, const IoOptions& opt) {
     }
     return;
   }
-  // A whole block is read front to back: the kernel may read ahead further (twice its window on
-  // Linux), so that a buffered read over a network file system waits for fewer round trips.
-  if (!is_direct(fd) && !segments) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  // A block, or a run of its segments, is read front to back: the kernel may read ahead further
+  // (twice its window on Linux), so that a buffered read over a network file system waits for
+  // fewer round trips (pages read ahead past a layer group serve the next group's read).
+  if (!is_direct(fd)) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   it.status = segments ? read_segments_fd(fd, it, opt) : read_block_fd(fd, it, opt);
   ::close(fd);
 }

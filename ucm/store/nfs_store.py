@@ -113,10 +113,12 @@ class UcmNfsStore(KVStoreBase):
         dram = self._dram
         return self._start_load(keys, views,
                                 None if dram is None else lambda key, parts: dram.get_segments_into(key, parts, first, total),
-                                lambda k, p, v: self._engine.submit_read_segments(k, p, v, first, total), partial=True)
+                                lambda k, p, v: self._engine.submit_read_segments(k, p, v, first, total),
+                                segments=(first, total))
 
-    def _start_load(self, keys: list[bytes], views: list, from_dram, submit, partial: bool = False) -> Task:
-        """A load of `views` (per key: a destination, or `partial`: its segments' destinations):
+    def _start_load(self, keys: list[bytes], views: list, from_dram, submit,
+                    segments: tuple[int, int] | None = None) -> Task:
+        """A load of `views` (per key: a destination, or with `segments` (first, total): its segments' destinations):
         from the DRAM tier where `from_dram(key, view)` copies it, the rest submitted to the IO threads."""
         t0 = time.perf_counter()
         task = Task("load", keys)
@@ -127,7 +129,7 @@ class UcmNfsStore(KVStoreBase):
             return self._refused(task)
         paths = [self._layout.block_path(keys[i]) for i in task.native_indices]
         task.native_id = submit([keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices])
-        task.context = LoadContext(paths, views, time.perf_counter() - t0, partial)
+        task.context = LoadContext(paths, views, time.perf_counter() - t0, segments is not None, *(segments or (0, 0)))
         return task
 
     def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int],

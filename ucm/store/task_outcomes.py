@@ -32,10 +32,18 @@ class LoadContext:
     paths: list[str]
     views: list  # per block: its destination, or (partial) its segments' destinations
     submit_seconds: float
-    partial: bool = False  # segments of blocks: never copied into the DRAM tier
+    partial: bool = False  # segments of blocks (`first` on, of `total`)
+    first: int = 0
+    total: int = 0
 
     def nbytes(self, i: int) -> int:
         return sum(len(v) for v in self.views[i]) if self.partial else len(self.views[i])
+
+    def whole_block(self, i: int) -> memoryview | None:
+        """Block i's bytes when this load read all of it (a copy when it came in segments), else None."""
+        if not self.partial:
+            return self.views[i]
+        return memoryview(b"".join(self.views[i])) if self.first == 0 and len(self.views[i]) == self.total else None
 
 
 @dataclass(slots=True)
@@ -132,8 +140,9 @@ class TaskOutcomes:
                 ok_bytes += ctx.nbytes(i)
                 if self._limiter is not None:
                     self._limiter.touch(path)
-                if self._dram is not None and not ctx.partial:
-                    self._dram.put(task.keys[i], ctx.views[i], tokens[j])
+                whole = ctx.whole_block(i) if self._dram is not None else None
+                if whole is not None:  # blocks read whole, whatever their layout in memory
+                    self._dram.put(task.keys[i], whole, tokens[j])
             elif status in CORRUPT_STATUSES:
                 corrupt += 1
                 self._remove_corrupt(path, IoStatus(status))

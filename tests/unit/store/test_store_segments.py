@@ -152,3 +152,18 @@ def test_engine_reads_a_segmented_block_written_from_python(make_store):
     bad = block.replace(msgpack.packb(segments), msgpack.packb(segments[::-1]))
     with pytest.raises(ValueError, match="segment list"):
         parse_header(bad[:HEADER_REGION])
+
+
+def test_a_block_read_whole_in_segments_enters_the_dram_tier(make_store, tmp_path):
+    """A worker reads every layer of a block into its staging rows: the DRAM tier keeps the block
+    as a whole read would (a part read alone is not kept)."""
+    writer = make_store()
+    keys, sources = _stored(writer, n=2)
+    reader = make_store(dram_capacity_gb=0.01)
+    assert _read(reader, keys[:1], 2, 2)[0] == [True]  # a part: not kept
+    assert _read(reader, keys, 0, SEGMENTS)[0] == [True, True]
+    before = reader.stats().dram_hits
+    whole = [np.zeros(SEG * SEGMENTS, dtype=np.uint8) for _ in keys]
+    assert reader.wait(reader.load(keys, whole)) == [True, True]
+    assert reader.stats().dram_hits == before + 2
+    assert all(np.array_equal(a, b) for a, b in zip(whole, sources))

@@ -105,14 +105,18 @@ class LayerwiseLoad:
             self._next += 1
 
     def finish(self) -> bool:
-        """Waits for every read still running (a forward that stopped early leaves some); whether
-        the destinations are free again (False: a read passed its deadline and may still write them)."""
+        """Ends the reads still running (a forward that stopped early leaves some): waited for,
+        but once one passed its deadline the others are given up at once, so a hung mount costs
+        one deadline, not one per group. Whether the destinations are free again (False: a read
+        given up may still write them)."""
+        hung = any(self._tasks[g].timed_out for g in range(len(self._tasks)) if self._ended[g])
         for g in range(len(self._tasks)):
             if not self._ended[g]:
-                self._wait(g)
-        return not any(getattr(task, "timed_out", False) for task in self._tasks)
+                self._wait(g, 1e-3 if hung else None)
+                hung = hung or self._tasks[g].timed_out
+        return not hung
 
-    def _wait(self, g: int) -> list[bool]:
-        ok = self.store.wait(self._tasks[g])
+    def _wait(self, g: int, timeout_s: float | None = None) -> list[bool]:
+        ok = self.store.wait(self._tasks[g], timeout_s)
         self._ended[g] = True
         return ok

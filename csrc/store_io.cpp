@@ -68,6 +68,20 @@ class Xxh64 {
   XXH64_state_t state_;
 };
 
+uint64_t xxh64_of(const void* data, size_t len) {
+  Xxh64 hash(0);
+  hash.update(data, len);
+  return hash.digest();
+}
+
+// The XXH64 of each of `count` equal segments of `data` (version 2's `segments`).
+std::vector<uint64_t> segment_digests(const uint8_t* data, size_t len, size_t count) {
+  std::vector<uint64_t> out;
+  const size_t seg = len / count;
+  for (size_t i = 0; i < count; ++i) out.push_back(xxh64_of(data + i * seg, seg));
+  return out;
+}
+
 
 // ---------------------------------------------------------------------------
 // Block format
@@ -134,14 +148,8 @@ uint64_t header_digest(const BlockHeader& h);
 
 class MsgpackWriter {
  public:
-  void map_header(uint32_t n) {
-    if (n < 16) {
-      out_.push_back(static_cast<char>(0x80 | n));
-    } else {
-      out_.push_back(static_cast<char>(0xde));
-      be(n, 2);
-    }
-  }
+  void map_header(uint32_t n) { container(0x80, 0xde, n); }
+  void array_header(uint32_t n) { container(0x90, 0xdc, n); }
   void str(std::string_view s) {  // keys are short literals
     out_.push_back(static_cast<char>(0xa0 | s.size()));
     out_.append(s);
@@ -163,14 +171,6 @@ class MsgpackWriter {
       be(v, 8);
     }
   }
-  void array_header(uint32_t n) {
-    if (n < 16) {
-      out_.push_back(static_cast<char>(0x90 | n));
-    } else {
-      out_.push_back(static_cast<char>(0xdc));
-      be(n, 2);
-    }
-  }
   void bin(std::string_view b) {
     if (b.size() <= 0xff) {
       out_.push_back(static_cast<char>(0xc4));
@@ -184,6 +184,14 @@ class MsgpackWriter {
   const std::string& bytes() const { return out_; }
 
  private:
+  void container(uint8_t fix, uint8_t tag16, uint32_t n) {  // fixmap/fixarray, else map16/array16
+    if (n < 16) {
+      out_.push_back(static_cast<char>(fix | n));
+    } else {
+      out_.push_back(static_cast<char>(tag16));
+      be(n, 2);
+    }
+  }
   void be(uint64_t v, int n) {
     for (int i = n - 1; i >= 0; --i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
   }
@@ -568,18 +576,8 @@ struct Item {
 
 // Whether `data` (the payload) matches the header's checksum, or each of its segment checksums.
 bool payload_matches(const BlockHeader& h, const uint8_t* data) {
-  if (h.segments.empty()) {
-    Xxh64 hash(0);
-    hash.update(data, h.payload_len);
-    return hash.digest() == h.checksum;
-  }
-  const size_t seg = h.payload_len / h.segments.size();
-  for (size_t i = 0; i < h.segments.size(); ++i) {
-    Xxh64 hash(0);
-    hash.update(data + i * seg, seg);
-    if (hash.digest() != h.segments[i]) return false;
-  }
-  return true;
+  if (h.segments.empty()) return xxh64_of(data, h.payload_len) == h.checksum;
+  return segment_digests(data, h.payload_len, h.segments.size()) == h.segments;
 }
 
 struct IoOptions {
@@ -641,19 +639,12 @@ void write_block(Item& it, const IoOptions& opt) {
   // The payload is hashed first: its header, which carries the checksums, goes with its first bytes.
   BlockHeader h;
   if (it.segments > 1) {
-    const size_t seg = it.size / it.segments;
-    for (uint32_t i = 0; i < it.segments; ++i) {
-      Xxh64 hash(0);
-      hash.update(it.data + i * seg, seg);
-      h.segments.push_back(hash.digest());
-    }
+    h.segments = segment_digests(it.data, it.size, it.segments);
     h.version = kSegmentedVersion;
     h.checksum = segments_digest(h.segments);
   } else {
-    Xxh64 hash(0);
-    hash.update(it.data, it.size);
     h.version = kFormatVersion;
-    h.checksum = hash.digest();
+    h.checksum = xxh64_of(it.data, it.size);
   }
   h.payload_offset = kHeaderRegion;
   h.payload_len = it.size;
@@ -812,11 +803,8 @@ int read_segments_fd(int fd, Item& it, const IoOptions& opt) {
     off_t at = static_cast<off_t>(kHeaderRegion + static_cast<uint64_t>(seg) * it.seg_first);
     if (rc = read_fully(fd, parts, at, it); rc != kOk) return rc;
   }
-  for (size_t j = 0; j < it.parts.size(); ++j) {
-    Xxh64 hash(0);
-    hash.update(it.parts[j].first, it.parts[j].second);
-    if (hash.digest() != h.segments[it.seg_first + j]) return kChecksumMismatch;
-  }
+  for (size_t j = 0; j < it.parts.size(); ++j)
+    if (xxh64_of(it.parts[j].first, it.parts[j].second) != h.segments[it.seg_first + j]) return kChecksumMismatch;
   it.token_count = h.token_count;
   maybe_touch(fd, st, opt.touch_interval_s);
   return kOk;

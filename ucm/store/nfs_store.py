@@ -129,7 +129,7 @@ class UcmNfsStore(KVStoreBase):
             return self._refused(task)
         paths = [self._layout.block_path(keys[i]) for i in task.native_indices]
         task.native_id = submit([keys[i] for i in task.native_indices], paths, [views[i] for i in task.native_indices])
-        task.context = LoadContext(paths, views, time.perf_counter() - t0, segments is not None, *(segments or (0, 0)))
+        task.context = LoadContext(paths, views, time.perf_counter() - t0, *(segments or (0, 0)))
         return task
 
     def dump(self, keys: Sequence[bytes], sources: Sequence[Buffer], token_counts: Sequence[int],

@@ -32,9 +32,12 @@ class LoadContext:
     paths: list[str]
     views: list  # per block: its destination, or (partial) its segments' destinations
     submit_seconds: float
-    partial: bool = False  # segments of blocks (`first` on, of `total`)
-    first: int = 0
+    first: int = 0  # a load of segments `first...` of blocks of `total` (0: whole blocks)
     total: int = 0
+
+    @property
+    def partial(self) -> bool:
+        return self.total > 0
 
     def nbytes(self, i: int) -> int:
         return sum(len(v) for v in self.views[i]) if self.partial else len(self.views[i])

@@ -85,7 +85,16 @@ _AMX_HOST = "an Intel Xeon host with AMX (2026-12-01, a twentieth session), back
 _LW = f"{_Q} --dtype bfloat16 --num-questions 3 --sweep --ratios 0.15 --selections query,hkvd --kl-tokens 1 --max-tokens 4 --no-plot"
 _LW_HOST = ("SmolLM2 on 3 MuSiQue questions, fully cached (every passage indexed), ratio 0.15, bfloat16, compiled, an "
             "AMD EPYC host with AVX-512-BF16 (2 cores), the four runs back to back (2026-12-07, a twenty-seventh session)")
+_LW_HOST28 = ("SmolLM2 on the same 3 MuSiQue questions, fully cached, ratio 0.15, bfloat16, compiled, an AMD EPYC host "
+              "with AVX-512-BF16 (2 cores), the three runs back to back (2026-12-07, a twenty-eighth session)")
 QUALITY_RUNS = [
+    ("layerwise_200_lw_s28_bf16.json", "Layer-wise loading behind the FUSE test mount capped at 200 MB/s, a layer group's "
+     f"read no longer read ahead past the group (the mount had served 1.85 times the group's bytes), {_LW_HOST28}",
+     f"{_LW} --mount bandwidth_mb_s=200 --layerwise --out benchmarks/results/layerwise_200_lw_s28_bf16.json"),
+    ("layerwise_dir_s28_bf16.json", "Whole blocks read before the forward on the plain directory, right after",
+     f"{_LW} --out benchmarks/results/layerwise_dir_s28_bf16.json"),
+    ("layerwise_dir_lw_s28_bf16.json", "Layer-wise loading on the plain directory, right after",
+     f"{_LW} --layerwise --out benchmarks/results/layerwise_dir_lw_s28_bf16.json"),
     ("layerwise_200_lw_s27_bf16.json", f"Layer-wise loading (use_layerwise) behind the FUSE test mount capped at 200 MB/s, {_LW_HOST}",
      f"{_LW} --mount bandwidth_mb_s=200 --layerwise --out benchmarks/results/layerwise_200_lw_s27_bf16.json"),
     ("layerwise_200_s27_bf16.json", "Whole blocks read before the forward, the same mount capped at 200 MB/s, the same host",

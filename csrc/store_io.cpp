@@ -831,10 +831,13 @@ void read_block(Item& it, const IoOptions& opt) {
     }
     return;
   }
-  // A block, or a run of its segments, is read front to back: the kernel may read ahead further
-  // (twice its window on Linux), so that a buffered read over a network file system waits for
-  // fewer round trips (pages read ahead past a layer group serve the next group's read).
-  if (!is_direct(fd)) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  // A read that ends at the end of the file is advised sequential: the kernel reads ahead in
+  // larger requests (twice its window on Linux), so a network file system answers in fewer round
+  // trips. A run of segments that stops short (a layer group) is advised random: reading ahead
+  // past it would fetch the next groups' bytes over the link, and a file system that drops a
+  // file's cached pages when it is opened again (FUSE by default) fetches them again for them.
+  const bool to_end = !segments || it.seg_first + it.parts.size() == it.seg_total;
+  if (!is_direct(fd)) (void)::posix_fadvise(fd, 0, 0, to_end ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
   it.status = segments ? read_segments_fd(fd, it, opt) : read_block_fd(fd, it, opt);
   ::close(fd);
 }

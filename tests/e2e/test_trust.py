@@ -146,9 +146,12 @@ def test_a_store_that_stops_answering_neither_stalls_nor_stores(engine_factory, 
     it answers."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     store = tmp_path / "store"
+    # Whole loads: the 1 us deadline bites a read waited for right after it was submitted; a
+    # layer group is waited for later, by when its read may be done (a mount that truly stops
+    # answering fails layer-wise reads too: test_mount_faults.py).
     config = ucm_transfer_config(store, blend_ratio=0.15, capacity_gb=8, blend_options=STORE_ALL,
                                  store_options={"load_timeout_s": 1e-6, "lookup_timeout_s": 1.0,
-                                                "down_backoff_s": 0.5, "down_backoff_max_s": 1.0})
+                                                "down_backoff_s": 0.5, "down_backoff_max_s": 1.0}, layerwise=False)
     llm = engine_factory(model_dir, kv_transfer_config=config, disable_log_stats=False)
     batch = store_prompts(llm, store, seed=311)
     inodes = {p: p.stat().st_ino for p in block_files(store)}

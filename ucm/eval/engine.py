@@ -68,8 +68,9 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="model and KV dtype (default: float32 on CPU, the model's own elsewhere); on CPUs with AMX, "
                         "bfloat16 prefill is about 3x faster than float32")
-    p.add_argument("--layerwise", action="store_true",
-                   help="use_layerwise: a Blend step's chunk KV read layer group by layer group while its forward runs")
+    p.add_argument("--layerwise", action=argparse.BooleanOptionalAction, default=None,
+                   help="use_layerwise: a Blend step's chunk KV read layer group by layer group while its forward "
+                        "runs (the default); --no-layerwise reads whole blocks before the forward")
     p.add_argument("--chunk-store", choices=CHUNK_STORE_POLICIES, default="any",
                    help="which missed chunks the store keeps: 'any' (as first computed, after whatever text came "
                         "before), 'alone' (only chunks computed with nothing before them; the passages are then "
@@ -138,7 +139,7 @@ def examples_and_model(args) -> tuple[list, str]:
 def make_blend_llm(model: str, store_dir: str, ratio: float = DEFAULT_RATIO, max_num_batched_tokens: int = 8192,
                    capacity_gb: float | None = None, chunk_store: str | None = None, kv_shift: float | None = None,
                    blend_options: dict[str, Any] | None = None, check_layer: int = DEFAULT_CHECK_LAYER,
-                   later_checks: tuple[tuple[int, float], ...] = (), layerwise: bool = False, **overrides: Any):
+                   later_checks: tuple[tuple[int, float], ...] = (), layerwise: bool | None = None, **overrides: Any):
     """One engine for every mode: the ratio is overridden per request.
 
     max_num_batched_tokens above the prompts keeps full prefill (the baseline) in one step; Blend
@@ -198,7 +199,7 @@ def run_on_engine(args, store: RunStore, fn: Callable[[Any], Any], **engine: Any
     llm = make_blend_llm(args.model, store.path, ratio=args.ratio, max_num_batched_tokens=args.max_num_batched_tokens,
                          capacity_gb=store.capacity_gb, chunk_store=args.chunk_store, kv_shift=args.kv_shift,
                          blend_options=blend_options, check_layer=getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
-                         later_checks=getattr(args, "later_checks", ()), layerwise=getattr(args, "layerwise", False),
+                         later_checks=getattr(args, "later_checks", ()), layerwise=getattr(args, "layerwise", None),
                          **dtype,
                          **engine)
     try:

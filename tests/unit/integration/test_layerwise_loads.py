@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ucm.integration.vllm.connector.block_tensors import new_block, stored_bytes
-from ucm.integration.vllm.connector.layerwise_loads import LayerLoadFailed, LayerwiseLoad, layer_groups
+from ucm.integration.vllm.connector.layerwise_loads import LayerLoadFailed, LayerwiseLoad, layer_groups, read_step
 from ucm.integration.vllm.connector.stats import UCMConnectorStats
 from ucm.store.factory import create_store
 from ucm.store.keys import KeyKind, store_key
@@ -59,6 +59,23 @@ def test_groups_are_placed_in_order_as_layers_ask(stored):
     assert all(torch.equal(d, b) for d, b in zip(dests, blocks))
     assert lw.finish()
     assert lw.stats.data["layerwise_wait_seconds"] > 0
+
+
+def test_a_step_reads_its_blend_chunk_blocks_layer_wise_the_others_whole(stored):
+    """Of the step's blocks, the first `layered` (Blend chunk blocks) not filled by a prefetch are
+    read layer-wise: their first group before read_step returns, the rest when the forward asks."""
+    store, keys, blocks = stored
+    dests = [new_block(T, (L, 2, H, D), torch.float32).zero_() for _ in keys]
+    stats = UCMConnectorStats()
+    # Block 0 came from a prefetch, block 1 is a Blend chunk block, block 2 another (a prefix) block.
+    task, ok, read_bytes, lw = read_step(store, keys, dests, {0}, 2, L, 1, stats)
+    assert ok == [True] * 3 and read_bytes == dests[2].numel() * 4
+    assert stats.data["layerwise_blocks"] == 1
+    assert torch.equal(dests[2], blocks[2]) and not dests[0].any()
+    assert torch.equal(dests[1][:, :2], blocks[1][:, :2])  # the first group, through the check layer
+    lw.ready(L - 1)
+    assert torch.equal(dests[1], blocks[1]) and lw.finish()
+    assert read_step(store, keys, dests, set(), 0, L, 1, stats)[3] is None  # nothing layer-wise
 
 
 def test_a_block_failing_later_fails_the_forward_one_failing_first_is_left_out(stored):

@@ -61,11 +61,11 @@ def ucm_transfer_config(store_dir, blend_ratio: float | None = None, chunk_end_t
                         chunk_store: str | None = None, kv_shift: float | None = None,
                         store_options: dict[str, Any] | None = None, blend_options: dict[str, Any] | None = None,
                         later_checks: Sequence[tuple[int, float]] = (), async_prefix_loads: bool | str | None = None,
-                        layerwise: bool = False):
+                        layerwise: bool | None = None):
     """KVTransferConfig for the UCM connector on one store directory; Blend when a ratio is given
     (`kv_shift`: the share of the chunk-mean KV shift; None: the config's default; `store_options`:
     more UcmNfsStore keys, such as its timeouts; `blend_options`: more Blend keys; `layerwise`:
-    use_layerwise)."""
+    use_layerwise, None: the config's default)."""
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(**ucm_transfer_dict(store_dir, blend_ratio, chunk_end_token_id, check_layer, capacity_gb,
@@ -79,7 +79,7 @@ def ucm_transfer_dict(store_dir, blend_ratio: float | None = None, chunk_end_tok
                       store_options: dict[str, Any] | None = None,
                       blend_options: dict[str, Any] | None = None,
                       later_checks: Sequence[tuple[int, float]] = (),
-                      async_prefix_loads: bool | str | None = None, layerwise: bool = False) -> dict[str, Any]:
+                      async_prefix_loads: bool | str | None = None, layerwise: bool | None = None) -> dict[str, Any]:
     """The same as a dict, as `--kv-transfer-config` takes it in JSON (`later_checks`: (layer,
     ratio) of each check layer after the first, CacheBlend's gradual filtering)."""
     store: dict[str, Any] = {"storage_backends": str(store_dir)}
@@ -89,8 +89,8 @@ def ucm_transfer_dict(store_dir, blend_ratio: float | None = None, chunk_end_tok
     extra: dict[str, Any] = {"ucm_connectors": [{"ucm_connector_name": "UcmNfsStore", "ucm_connector_config": store}]}
     if async_prefix_loads is not None:
         extra["async_prefix_loads"] = async_prefix_loads
-    if layerwise:
-        extra["use_layerwise"] = True
+    if layerwise is not None:
+        extra["use_layerwise"] = layerwise
     if blend_ratio is not None:
         extra["ucm_sparse_config"] = {"Blend": {"chunk_end_token_id": chunk_end_token_id,
                                                 "compute_meta": {check_layer: {"ratio": blend_ratio}}}}

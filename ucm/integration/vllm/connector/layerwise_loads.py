@@ -45,6 +45,7 @@ def read_step(store: KVStoreBase, keys: list[bytes], destinations: list[torch.Te
     the layer-wise reads still running). Of the first `layered` blocks (chunk blocks of Blend
     requests, read layer-wise) only the first layer group is waited for."""
     later = [i for i in range(layered) if i not in filled]
+    stats.add("layerwise_blocks", len(later))
     layerwise = LayerwiseLoad(store, [keys[i] for i in later], [destinations[i] for i in later],
                               layer_groups(num_layers, check_layer), stats) if later else None
     task, ok, read_bytes = read_others(store, keys, destinations, filled | set(later),

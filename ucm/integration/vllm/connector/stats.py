@@ -70,6 +70,7 @@ COUNTERS: dict[str, str] = {
     "load_bytes": "Bytes loaded from the store",
     "load_seconds": "Seconds spent loading and placing KV before the forward",
     "load_wait_seconds": "Of load_seconds, the seconds the worker waited for the store's reads",
+    "layerwise_blocks": "Chunk blocks of Blend steps read layer group by layer group while the forward ran (use_layerwise)",
     "layerwise_wait_seconds": "Seconds Blend forwards waited for later layers' chunk KV (use_layerwise): the load time not hidden",
     "dumped_blocks": "Blocks handed to the store",
     "dump_seconds": "Seconds the worker spent gathering KV for dumps and handing it to the store, after the forward",

@@ -682,6 +682,10 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_s28_bf16.json', "The Zipf stream at concurrency 4 with use_layerwise on (the new default), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a twenty-eighth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s28_bf16.json', None),
+    ('rag_traffic_zipf48_c4_whole_s28_bf16.json', "Blend alone with use_layerwise false (whole loads before the forward), right after (the same host and code)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --connector-config '{\"use_layerwise\": false}' --out benchmarks/results/rag_traffic_zipf48_c4_whole_s28_bf16.json", None),
     ('rag_traffic_zipf48_layerwise_s27_bf16.json', "The same stream with use_layerwise true, right after (the same host and code)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --warmup 1 --alone 0 --servers blend --no-plot --connector-config '{\"use_layerwise\": true}' --out benchmarks/results/rag_traffic_zipf48_layerwise_s27_bf16.json", None),
     ('rag_traffic_zipf48_blend_s27_bf16.json', "Blend alone on the plain directory with blocks stored layer-major and a step's reads landing layer by layer (28c390b; use_layerwise off, the default), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, nothing else running (2026-12-07, a twenty-seventh session): the check that the new block form costs the stream nothing (0.119-0.122 req/s in the last session)",

@@ -684,6 +684,8 @@ SERVE_RERUNS = [
 TRAFFIC_RUNS = [
     ('rag_traffic_zipf48_c4_s28_bf16.json', "The Zipf stream at concurrency 4 with use_layerwise on (the new default), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a twenty-eighth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s28_bf16.json', None),
+    ('rag_traffic_zipf48_c4_layerwise_s28_bf16.json', "Blend alone with use_layerwise true again, right after the whole loads' run (the same host and code)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --connector-config '{\"use_layerwise\": true}' --out benchmarks/results/rag_traffic_zipf48_c4_layerwise_s28_bf16.json", None),
     ('rag_traffic_zipf48_c4_whole_s28_bf16.json', "Blend alone with use_layerwise false (whole loads before the forward), right after (the same host and code)",
      "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --connector-config '{\"use_layerwise\": false}' --out benchmarks/results/rag_traffic_zipf48_c4_whole_s28_bf16.json", None),
     ('rag_traffic_zipf48_layerwise_s27_bf16.json', "The same stream with use_layerwise true, right after (the same host and code)",

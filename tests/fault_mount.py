@@ -244,7 +244,7 @@ def _serve(source: str, mountpoint: str, control: str) -> None:
             return os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
 
         @oserror
-        def read(self, path, size, offset, fh):
+        def read(self, path, size, offset, fh):  # registers reads with libfuse; DirectReads.read serves them
             faults.apply("read", size)
             return os.pread(fh, size, offset)
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from _mount_schedule import MountSchedule, mounted_store
+from throttled_disk import ThrottledDisk  # tests/, on the path through _mount_schedule
 from ucm.eval.quiet import quiet_vllm
 
 quiet_vllm()  # before vLLM is imported: keep the progress bar readable (VLLM_LOGGING_LEVEL=INFO for vLLM's logs)
@@ -106,6 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the store behind a FUSE mount that adds steady faults (benchmarks/_mount_schedule.py): "
                         "'bandwidth_mb_s=200' (reads and writes capped, as on a loaded NFS link), 'latency_ms=5'; "
                         "';' joins them; needs FUSE (root)")
+    p.add_argument("--disk", type=float, default=None, metavar="MB_S",
+                   help="the store on a loop-mounted ext4 disk whose reads the kernel caps at MB_S (tests/throttled_disk.py: "
+                        "no server process shares the cores, unlike --mount); its pages are evicted before every timed "
+                        "request, so each reads from the disk; needs root")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up question")
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's eager mode (runs before 2026-11-29 used it): full prefill then runs the layers as "
@@ -118,6 +123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.ratios = list(PARETO_RATIOS)
         if "--selections" not in " ".join(argv if argv is not None else sys.argv):
             args.selections = list(PARETO_RULES)
+    if args.disk is not None:
+        if args.store_dir or args.mount is not None:
+            p.error("--disk makes a store of its own: drop --store-dir and --mount")
+        if args.disk <= 0:
+            p.error(f"--disk takes a positive read bandwidth in MB/s, got {args.disk}")
     if args.mount is not None:
         if args.store_dir:
             p.error("--mount makes a temporary store of its own: drop --store-dir")
@@ -166,13 +176,47 @@ def main(argv: list[str] | None = None) -> int:
         plus_shift_sample(modes, *args.plus_shift_sample) if args.plus_shift_sample else [])
     modes = [m for m in modes if m.is_full] + added if args.only_added else modes + added
     with contextlib.ExitStack() as stack:
+        disk = None
         if args.mount is not None:  # the run's store is the mount's (removed with it at the end)
             args.store_dir, mount = stack.enter_context(mounted_store(args.mount))
             mount.set(**MountSchedule.parse(args.mount).steady)
-        return _measure(args, examples, modes, stack.enter_context(run_store(args, "ucm-blend-bench-")))
+            args.store_medium = {"fuse_mount": args.mount}
+        elif args.disk is not None:  # entered before the engine starts: its processes inherit the cap
+            disk = stack.enter_context(ThrottledDisk(size_gb=DISK_GB, read_mb_s=args.disk))
+            args.store_dir = str(disk.path / "store")
+            args.store_capacity_gb = args.store_capacity_gb or DISK_GB * 0.8
+            args.store_medium = {"throttled_disk_read_mb_s": args.disk}
+        return _measure(args, examples, modes, stack.enter_context(run_store(args, "ucm-blend-bench-")), disk)
 
 
-def _measure(args, examples, modes: list[Mode], store) -> int:
+DISK_GB = 32  # --disk's image (sparse: only what the store writes takes space)
+
+
+class ColdReads:
+    """Called before each timed request: the disk's page cache emptied, so the request reads from
+    the disk as a cold one would; counts what each request (with its KL requests) read."""
+
+    def __init__(self, disk: ThrottledDisk):
+        self.disk = disk
+        self.per_request: list[int] = []  # warm-up question first
+        self._since: int | None = None
+
+    def __call__(self) -> None:
+        self._close()
+        self.disk.evict()
+        self._since = self.disk.read_bytes()
+
+    def _close(self) -> None:
+        if self._since is not None:
+            self.per_request.append(self.disk.read_bytes() - self._since)
+
+    def finish(self) -> dict:
+        self._close()
+        self._since = None
+        return {"read_bytes": self.disk.read_bytes(), "read_bytes_per_request": self.per_request}
+
+
+def _measure(args, examples, modes: list[Mode], store, disk: ThrottledDisk | None = None) -> int:
     print(f"model:   {args.model}\nstore:   {store.path}{' (temporary)' if store.temporary else ''}\n"
           f"data:    {args.dataset or 'generated'} ({len(examples)} questions)\n"
           f"modes:   {', '.join(m.name for m in modes)} ({kv_shift_note(args)} unless named)", flush=True)
@@ -186,7 +230,11 @@ def _measure(args, examples, modes: list[Mode], store) -> int:
             write_results_json(args.out, args, results, summarize([m for r in results for m in r.measurements],
                                                                   modes), modes, started, {"partial": True})
 
-    results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args, partial), **engine)
+    cold = ColdReads(disk) if disk is not None else None
+    results, counters = run_on_engine(args, store, lambda llm: run(llm, examples, modes, args, partial, cold), **engine)
+    if cold is not None:
+        args.store_medium.update(cold.finish())
+        print(f"read from the throttled disk: {args.store_medium['read_bytes'] / 1e6:.0f} MB", flush=True)
     if not results:
         print("error: no question fits the engine (see the warnings above)", file=sys.stderr)
         return 1
@@ -207,7 +255,7 @@ def _measure(args, examples, modes: list[Mode], store) -> int:
     return 0
 
 
-def run(llm, examples, modes: list[Mode], args, on_results=None):
+def run(llm, examples, modes: list[Mode], args, on_results=None, before_ask=None):
     from tqdm import tqdm
 
     done = []
@@ -229,7 +277,7 @@ def run(llm, examples, modes: list[Mode], args, on_results=None):
         related = {pool[i]: [pool[j] for j in js] for i, js in enumerate(related_passages(pool, args.index_related))}
     evaluator = BlendEvaluator(llm, max_tokens=args.max_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
                                index_alone=args.chunk_store == "alone", kl_tokens=args.kl_tokens, related=related,
-                               miss_passages=args.miss_passages)
+                               miss_passages=args.miss_passages, before_ask=before_ask)
     return run_questions(evaluator, examples, modes, warm_up=not args.no_warmup, desc="bench", unit="req",
                          on_measurement=show_answer, on_question=show_question)
 

@@ -87,7 +87,19 @@ _LW_HOST = ("SmolLM2 on 3 MuSiQue questions, fully cached (every passage indexed
             "AMD EPYC host with AVX-512-BF16 (2 cores), the four runs back to back (2026-12-07, a twenty-seventh session)")
 _LW_HOST28 = ("SmolLM2 on the same 3 MuSiQue questions, fully cached, ratio 0.15, bfloat16, compiled, an AMD EPYC host "
               "with AVX-512-BF16 (2 cores), the three runs back to back (2026-12-07, a twenty-eighth session)")
+_LW_HOST29 = ("SmolLM2 on the same 3 MuSiQue questions, fully cached, ratio 0.15, bfloat16, compiled, an AMD EPYC host "
+              "with AVX-512-BF16 (2 cores), the four runs back to back (2026-12-07, a twenty-ninth session)")
 QUALITY_RUNS = [
+    ("layerwise_disk200_lw_s29_bf16.json", "Layer-wise loading from a disk whose reads the kernel caps at 200 MB/s (an ext4 "
+     "loop device throttled by a blkio cgroup, its page cache emptied before every timed request: no server process on "
+     f"the cores, unlike the FUSE mount), {_LW_HOST29}",
+     f"{_LW} --disk 200 --layerwise --out benchmarks/results/layerwise_disk200_lw_s29_bf16.json"),
+    ("layerwise_disk200_s29_bf16.json", "Whole blocks read before the forward from the same disk capped at 200 MB/s, right after",
+     f"{_LW} --disk 200 --out benchmarks/results/layerwise_disk200_s29_bf16.json"),
+    ("layerwise_dir_s29_bf16.json", "Whole blocks read before the forward on the plain directory (first of the four)",
+     f"{_LW} --out benchmarks/results/layerwise_dir_s29_bf16.json"),
+    ("layerwise_dir_lw_s29_bf16.json", "Layer-wise loading on the plain directory (second of the four)",
+     f"{_LW} --layerwise --out benchmarks/results/layerwise_dir_lw_s29_bf16.json"),
     ("layerwise_200_lw_s28_bf16.json", "Layer-wise loading behind the FUSE test mount capped at 200 MB/s, a layer group's "
      f"read no longer read ahead past the group (the mount had served 1.85 times the group's bytes), {_LW_HOST28}",
      f"{_LW} --mount bandwidth_mb_s=200 --layerwise --out benchmarks/results/layerwise_200_lw_s28_bf16.json"),
@@ -682,6 +694,14 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_s29_bf16.json', "The Zipf stream at concurrency 4, whole loads (use_layerwise off, the default then), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, the first of four Blend runs in alternating order, nothing else running (2026-12-07, a twenty-ninth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s29_bf16.json', None),
+    ('rag_traffic_zipf48_c4_layerwise_s29_bf16.json', "Blend alone with use_layerwise true, right after (second of the four)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --connector-config '{\"use_layerwise\": true}' --out benchmarks/results/rag_traffic_zipf48_c4_layerwise_s29_bf16.json", 'rag_traffic_zipf48_c4_s29_bf16.json'),
+    ('rag_traffic_zipf48_c4_whole_s29_bf16.json', "Blend alone with whole loads again, right after (third of the four)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_whole_s29_bf16.json", 'rag_traffic_zipf48_c4_s29_bf16.json'),
+    ('rag_traffic_zipf48_c4_layerwise2_s29_bf16.json', "Blend alone with use_layerwise true again, right after (fourth of the four)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --connector-config '{\"use_layerwise\": true}' --out benchmarks/results/rag_traffic_zipf48_c4_layerwise2_s29_bf16.json", 'rag_traffic_zipf48_c4_s29_bf16.json'),
     ('rag_traffic_zipf48_c4_s28_bf16.json', "The Zipf stream at concurrency 4 with use_layerwise on (the new default), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a twenty-eighth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s28_bf16.json', None),
     ('rag_traffic_zipf48_c4_layerwise_s28_bf16.json', "Blend alone with use_layerwise true again, right after the whole loads' run (the same host and code)",

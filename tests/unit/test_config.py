@@ -459,9 +459,9 @@ def test_ucm_top_level_keys_are_accepted_without_effect(caplog):
     assert caplog.text.count("has no effect here") == 2
 
 
-def test_use_layerwise_is_a_switch():
-    assert parse({**example(), "use_layerwise": True}).use_layerwise is True
-    assert parse(example()).use_layerwise is False
+def test_use_layerwise_is_a_switch_on_by_default():
+    assert parse(example()).use_layerwise is True
+    assert parse({**example(), "use_layerwise": False}).use_layerwise is False
     with pytest.raises(UCMConfigError, match="use_layerwise must be true or false"):
         parse({**example(), "use_layerwise": "yes"})
 

@@ -2,7 +2,6 @@
 and the routing over --instances (round robin, passages first seen on another instance, core binding)."""
 
 import asyncio
-import importlib.util
 import sys
 from collections import Counter
 from pathlib import Path
@@ -10,20 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmark_scripts import load_script
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def rt():
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its sibling _serving.py
-    try:
-        spec = importlib.util.spec_from_file_location("rag_traffic", BENCHMARKS / "rag_traffic.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["rag_traffic"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_script("rag_traffic")
 
 
 def corpus(num_questions=20, passages=5):

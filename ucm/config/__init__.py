@@ -98,7 +98,7 @@ class UCMConfig:
     config_file: str | None = None
     async_prefix_loads: bool | str = "auto"
     prefetch_chunks: bool | str = False
-    use_layerwise: bool = False  # chunk KV of Blend steps read layer group by layer group (LAYERWISE_KEY)
+    use_layerwise: bool = True  # chunk KV of Blend steps read layer group by layer group (LAYERWISE_KEY)
 
     @classmethod
     def from_extra_config(
@@ -143,7 +143,7 @@ class UCMConfig:
             config_file=config_file,
             async_prefix_loads=_true_false_auto(merged, ASYNC_PREFIX_LOADS_KEY),
             prefetch_chunks=_true_false_auto(merged, PREFETCH_CHUNKS_KEY, False),
-            use_layerwise=_true_false(merged, LAYERWISE_KEY, False),
+            use_layerwise=_true_false(merged, LAYERWISE_KEY, True),
         )
 
 

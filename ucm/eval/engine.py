@@ -70,7 +70,7 @@ def add_run_args(p, *, num_questions: int, passages: int, passage_words: int,
                         "bfloat16 prefill is about 3x faster than float32")
     p.add_argument("--layerwise", action=argparse.BooleanOptionalAction, default=None,
                    help="use_layerwise: a Blend step's chunk KV read layer group by layer group while its forward "
-                        "runs; --no-layerwise: whole blocks read before the forward (default: the config's, off)")
+                        "runs (the default); --no-layerwise reads whole blocks before the forward")
     p.add_argument("--chunk-store", choices=CHUNK_STORE_POLICIES, default="any",
                    help="which missed chunks the store keeps: 'any' (as first computed, after whatever text came "
                         "before), 'alone' (only chunks computed with nothing before them; the passages are then "

@@ -74,8 +74,11 @@ class BlendEvaluator:
 
     def __init__(self, llm, max_tokens: int = 16, max_num_batched_tokens: int | None = None,
                  index_alone: bool = False, kl_tokens: int = 0, related: dict[str, list[str]] | None = None,
-                 miss_passages: int = 0):
+                 miss_passages: int = 0, before_ask: Callable[[], None] | None = None):
         self.llm = llm
+        # Called before every timed request, after the engine's prefix cache is emptied: a store on a
+        # real disk evicts its pages there, so the request reads from the disk as a cold one would.
+        self.before_ask = before_ask
         # Passages per question left out of the indexing step, spread over the prompt: cache
         # misses between loaded chunks, as on a RAG stream (the engine must not store them when
         # computed in context: chunk_store "alone").
@@ -181,6 +184,8 @@ class BlendEvaluator:
         of one request alone."""
         prompt = {"prompt_token_ids": chunked.token_ids}
         self.forget_local_prefix_cache()
+        if self.before_ask is not None:
+            self.before_ask()
         params = self.mode_params(self.max_tokens, chunked, mode)
         before = self.counters()
         out = self.llm.generate([prompt], params, use_tqdm=False)[0]
@@ -194,6 +199,8 @@ class BlendEvaluator:
         # the first one.
         self.wall_fallbacks += 1
         self.forget_local_prefix_cache()
+        if self.before_ask is not None:
+            self.before_ask()
         one = self.mode_params(1, chunked, mode)
         start = time.perf_counter()
         self.llm.generate([prompt], one, use_tqdm=False)

@@ -248,6 +248,8 @@ def write_results_json(path: str | Path, args, results: Sequence[QuestionResult]
             "check_layer": getattr(args, "check_layer", DEFAULT_CHECK_LAYER),
             "enforce_eager": getattr(args, "enforce_eager", False),  # runs before 2026-11-29 (no key) were eager
             "later_checks": [list(c) for c in getattr(args, "later_checks", ())],
+            "layerwise": getattr(args, "layerwise", None),  # None: the config's default
+            "store_medium": getattr(args, "store_medium", None),  # None: a directory (a --store-dir or a temporary one)
             "commit": started_at_commit(),
             "skip_questions": getattr(args, "skip_questions", 0),  # "question" i below is question skip + i of the set
             "machine": platform.machine(), "cpu_isa": cpu_isa(),

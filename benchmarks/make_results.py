@@ -694,6 +694,8 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c2_s29_bf16.json', "The Zipf stream at concurrency 2 with use_layerwise on by default, plain vLLM then Blend back to back, right after the four concurrency-4 runs (the same host, 2026-12-07, a twenty-ninth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s29_bf16.json', None),
     ('rag_traffic_zipf48_c4_s29_bf16.json', "The Zipf stream at concurrency 4, whole loads (use_layerwise off, the default then), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, the first of four Blend runs in alternating order, nothing else running (2026-12-07, a twenty-ninth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_s29_bf16.json', None),
     ('rag_traffic_zipf48_c4_layerwise_s29_bf16.json', "Blend alone with use_layerwise true, right after (second of the four)",

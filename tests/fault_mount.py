@@ -20,7 +20,6 @@ Run as a script it is the mount's server: python fault_mount.py SOURCE MOUNTPOIN
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import importlib
@@ -121,21 +120,12 @@ class FaultMount:
         self.control.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
 def mounted_or_skip(source, mountpoint):
     """A FaultMount for a test, which skips where FUSE is present but mounting is refused (a
     container without the right to mount)."""
-    import pytest
+    from skip_if_refused import entered_or_skip
 
-    mount = FaultMount(source, mountpoint)
-    try:
-        mount.__enter__()
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    try:
-        yield mount
-    finally:
-        mount.__exit__()
+    return entered_or_skip(FaultMount(source, mountpoint))
 
 
 def _serve(source: str, mountpoint: str, control: str) -> None:

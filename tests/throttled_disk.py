@@ -16,7 +16,6 @@ throttle does not see buffered writeback).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ class ThrottledDisk:
         self.path: Path | None = None  # the mounted file system, while entered
         self._work: Path | None = None
         self._device: str | None = None
+        self._devno = ""  # "major:minor" of the loop device, as the cgroup's files name it
         self._cgroup: Path | None = None
 
     @staticmethod
@@ -70,10 +70,10 @@ class ThrottledDisk:
             self.path.mkdir()
             _run("mount", "-o", "noatime", self._device, str(self.path))
             rdev = os.stat(self._device).st_rdev
+            self._devno = f"{os.major(rdev)}:{os.minor(rdev)}"
             self._cgroup = BLKIO / f"ucm-disk-{os.getpid()}-{Path(self._device).name}"
             self._cgroup.mkdir()
-            (self._cgroup / "blkio.throttle.read_bps_device").write_text(
-                f"{os.major(rdev)}:{os.minor(rdev)} {int(self.read_mb_s * 1e6)}")
+            (self._cgroup / "blkio.throttle.read_bps_device").write_text(f"{self._devno} {int(self.read_mb_s * 1e6)}")
             (self._cgroup / "cgroup.procs").write_text(str(os.getpid()))
         except OSError as e:  # a container that refuses the loop device, the mount or the cgroup
             self.__exit__()
@@ -119,11 +119,9 @@ class ThrottledDisk:
 
     def read_bytes(self) -> int:
         """Bytes read from the disk so far by the cgroup's processes."""
-        rdev = os.stat(self._device).st_rdev
-        device = f"{os.major(rdev)}:{os.minor(rdev)}"
         for line in (self._cgroup / "blkio.throttle.io_service_bytes").read_text().splitlines():
             fields = line.split()
-            if len(fields) == 3 and fields[0] == device and fields[1] == "Read":
+            if len(fields) == 3 and fields[0] == self._devno and fields[1] == "Read":
                 return int(fields[2])
         return 0
 
@@ -163,16 +161,8 @@ def _run(*cmd: str) -> str:
     return done.stdout
 
 
-@contextlib.contextmanager
 def throttled_or_skip(size_gb: float, read_mb_s: float):
     """A ThrottledDisk for a test, which skips where the host has the parts but refuses them."""
-    import pytest
+    from skip_if_refused import entered_or_skip
 
-    try:
-        disk = ThrottledDisk(size_gb, read_mb_s).__enter__()
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    try:
-        yield disk
-    finally:
-        disk.__exit__()
+    return entered_or_skip(ThrottledDisk(size_gb, read_mb_s))

@@ -90,6 +90,9 @@ _LW_HOST28 = ("SmolLM2 on the same 3 MuSiQue questions, fully cached, ratio 0.15
 _LW_HOST29 = ("SmolLM2 on the same 3 MuSiQue questions, fully cached, ratio 0.15, bfloat16, compiled, an AMD EPYC host "
               "with AVX-512-BF16 (2 cores), the four runs back to back (2026-12-07, a twenty-ninth session)")
 QUALITY_RUNS = [
+    ("layerwise_disk200_shared_s30_bf16.json", "Layer-wise loading from the disk capped at 200 MB/s with each stored block read once per "
+     "step (shared reads), use_layerwise on by default (2026-12-07, a thirtieth session)",
+     f"{_LW} --disk 200 --out benchmarks/results/layerwise_disk200_shared_s30_bf16.json"),
     ("layerwise_disk200_lw_s29_bf16.json", "Layer-wise loading from a disk whose reads the kernel caps at 200 MB/s (an ext4 "
      "loop device throttled by a blkio cgroup, its page cache emptied before every timed request: no server process on "
      f"the cores, unlike the FUSE mount), {_LW_HOST29}",
@@ -694,6 +697,12 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c2_pass1_s30_bf16.json', "The Zipf stream at concurrency 2 with a prefill passed by one blend request at most and each stored block read once per step, plain vLLM then Blend back to back, right after the two concurrency-4 runs (the same host, 2026-12-07, a thirtieth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_pass1_s30_bf16.json', None),
+    ('rag_traffic_zipf48_c4_pass1_s30_bf16.json', "The Zipf stream at concurrency 4 with a prefill passed by one blend request at most (BlendFirstScheduler's MAX_PASSES_PER_PREFILL 1) and each stored block read once per step, an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a thirtieth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_pass1_s30_bf16.json', None),
+    ('rag_traffic_zipf48_c4_passany_s30_bf16.json', "Blend alone right after with the bound lifted (MAX_PASSES_PER_PREFILL 100 in the source for this run: the scheduler before), the same host",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_passany_s30_bf16.json", 'rag_traffic_zipf48_c4_pass1_s30_bf16.json'),
     ('rag_traffic_zipf48_c2_s29_bf16.json', "The Zipf stream at concurrency 2 with use_layerwise on by default, plain vLLM then Blend back to back, right after the four concurrency-4 runs (the same host, 2026-12-07, a twenty-ninth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_s29_bf16.json', None),
     ('rag_traffic_zipf48_c4_s29_bf16.json', "The Zipf stream at concurrency 4, whole loads (use_layerwise off, the default then), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, the first of four Blend runs in alternating order, nothing else running (2026-12-07, a twenty-ninth session)",
@@ -1189,7 +1198,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_s26_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_pass1_s30_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
@@ -1197,7 +1206,7 @@ HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMD host with AVX-512-BF16",
-     "rag_traffic_zipf48_c4_s26_bf16.json"),
+     "rag_traffic_zipf48_c4_pass1_s30_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, float32, on an AVX-512 host without bfloat16",
      "rag_traffic_zipf48_c4_s25_f32.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount, on an AMD host with AVX-512-BF16",

@@ -295,6 +295,7 @@ def test_statistics_counters_follow_the_requests(blend_llm):
     # a's later chunks are found as references into a's exact blocks: one or two stored blocks each
     hits, refs = second.report["chunk_hit_blocks"], d.get("chunk_ref_hit_blocks", 0)
     assert refs > 0 and hits <= d["loaded_blocks"] <= hits + refs and "failed_blocks" not in d
+    assert 0 < d["shared_reads"] < refs  # neighbouring chunk blocks name one exact block: read once
     loaded = d["recomputed_tokens"] + d["reused_tokens"]
     assert loaded == second.report["chunk_hit_tokens"]
     assert d["recomputed_tokens"] == pytest.approx(0.25 * loaded, abs=1)

@@ -194,7 +194,8 @@ def test_held_steps_in_a_row_are_bounded(scheduler, monkeypatch):
     assert "mixed" in out.num_scheduled_tokens and "long" in out.num_scheduled_tokens
 
 
-def test_short_steps_in_a_row_are_bounded(scheduler):
+def test_short_steps_in_a_row_are_bounded(scheduler, monkeypatch):
+    monkeypatch.setattr(bfs, "MAX_PASSES_PER_PREFILL", 100)
     add(scheduler, "long", prompt(2, chunks=40))
     scheduler.schedule()
     shares = []
@@ -206,6 +207,46 @@ def test_short_steps_in_a_row_are_bounded(scheduler):
     assert shares[:bfs.MAX_SHORT_STEPS_IN_ROW] == [bfs.BLEND_STEP_SHARE] * bfs.MAX_SHORT_STEPS_IN_ROW
     assert shares[-2] > bfs.BLEND_STEP_SHARE  # the prefill's own step, although a blend request waits
     assert shares[-1] == bfs.BLEND_STEP_SHARE  # and then short again
+
+
+def test_a_prefill_is_passed_by_one_blend_request_and_the_next_waits_its_turn(scheduler):
+    """Two blend requests arrive while a long prefill runs: the first goes before it, the second
+    neither goes before it nor joins its steps (the prefill gets vLLM's budget alone) until that
+    prefill's prompt is done; then it goes first again, before a prefill that arrived meanwhile."""
+    tokens = [prompt(10 + i) for i in range(3)]
+    for t in tokens:
+        store_chunks(scheduler, t)
+    long_req = add(scheduler, "long", prompt(2, chunks=12))
+    scheduler.schedule()
+    add(scheduler, "blend0", tokens[0])
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens["long"] == bfs.BLEND_STEP_SHARE and "blend0" in out.num_scheduled_tokens
+    add(scheduler, "blend1", tokens[1])
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens["long"] > bfs.BLEND_STEP_SHARE and "blend1" not in out.num_scheduled_tokens
+    assert counters(scheduler)["blend_first_yields"] == 1 and counters(scheduler)["blend_first_steps"] == 1
+    add(scheduler, "cold", prompt(3))
+    while long_req.num_computed_tokens < long_req.num_prompt_tokens:
+        out = scheduler.schedule()
+        assert "blend1" not in out.num_scheduled_tokens
+    out = scheduler.schedule()  # blend1 goes before the prefill that arrived after it
+    assert "blend1" in out.num_scheduled_tokens and out.num_scheduled_tokens.get("cold", 0) <= bfs.BLEND_STEP_SHARE
+    assert counters(scheduler)["blend_first_steps"] == 2
+
+
+def test_vllm_admits_a_blend_request_beside_a_prefill_it_would_not_pass(scheduler, monkeypatch):
+    """Without the bound the second blend request passes the prefill too."""
+    monkeypatch.setattr(bfs, "MAX_PASSES_PER_PREFILL", 2)
+    tokens = [prompt(10 + i) for i in range(2)]
+    for t in tokens:
+        store_chunks(scheduler, t)
+    add(scheduler, "long", prompt(2, chunks=12))
+    scheduler.schedule()
+    for i, t in enumerate(tokens):
+        add(scheduler, f"blend{i}", t)
+        out = scheduler.schedule()
+        assert out.num_scheduled_tokens["long"] == bfs.BLEND_STEP_SHARE and f"blend{i}" in out.num_scheduled_tokens
+    assert "blend_first_yields" not in counters(scheduler)
 
 
 def test_a_blend_request_not_admitted_in_its_short_step_gets_no_second_one(make_scheduler):

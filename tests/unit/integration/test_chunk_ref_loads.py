@@ -94,3 +94,47 @@ def test_a_reference_places_what_the_chunk_copy_placed(tmp_path, new_start, piec
     torch.testing.assert_close(from_ref[:, :, 0], from_copy[:, :, 0], rtol=1e-5, atol=1e-5)  # K: one rotation less
     original = kv_at(w, a_blocks, range(CHUNK.start, CHUNK.end))
     torch.testing.assert_close(from_ref[:, :, 1], original[:, :, 1], rtol=0, atol=0)
+
+
+def test_two_chunk_blocks_naming_one_stored_block_read_it_once(tmp_path):
+    """Chunk blocks [21, 37) and [37, 48) of prompt A both take rows of A's exact block 2: the step
+    reads it once, into one buffer both take their rows from, and each gets its own V."""
+    w = worker(tmp_path)
+    a_blocks, b_blocks, new_start = [1, 2, 3], [8, 9, 10, 11, 12], 50
+    gen = torch.Generator().manual_seed(1)
+    for cache in w.caches:
+        cache[a_blocks] = torch.randn((len(a_blocks), H, BS, 2 * D), generator=gen)
+    exact = [store_key(b"ns", KeyKind.EXACT, bytes([i]) * 32) for i in range(3)]
+    w.wait_for_save(UCMConnectorMetadata([RequestStep("a", a_blocks, 0, 3 * BS,
+                                                      dumps=[BlockDump(k, i * BS, BS) for i, k in enumerate(exact)])]))
+    w._reap_dumps(block=True)
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    loads = []
+    for span in (CHUNK, Span(CHUNK.end, 3 * BS)):
+        at = new_start + span.start - CHUNK.start
+        loads += [BlockLoad(exact[p.source[0]], p.start, len(p.rows), p.rope_delta, rows_from=p.rows.start,
+                            stored_tokens=BS)
+                  for p in ref_pieces(make_ref(span, hashes, BS), Span(at, at + len(span)), at)]
+    assert [ld.key for ld in loads] == [exact[1], exact[2], exact[2]]
+    w.start_load_kv(load_step(b_blocks, loads, new_start))
+    assert w.stats.data["shared_reads"] == 1
+    placed = kv_at(w, b_blocks, range(new_start, new_start + 3 * BS - CHUNK.start))
+    original = kv_at(w, a_blocks, range(CHUNK.start, 3 * BS))
+    torch.testing.assert_close(placed[:, :, 1], original[:, :, 1], rtol=0, atol=0)
+
+
+def test_shared_reads_are_blocks_read_whole_into_the_second_buffer_under_one_key():
+    from ucm.integration.vllm.connector.read_layout import read_destinations, shared_reads, whole_rows
+
+    k1, k2 = b"k1", b"k2"
+    chunks = [BlockLoad(k1, 0, 11, rows_from=5, stored_tokens=BS), BlockLoad(k2, 11, 5, stored_tokens=BS),
+              BlockLoad(k2, 16, 11, rows_from=5, stored_tokens=BS), BlockLoad(k1, 27, BS)]  # the last: whole
+    shared = shared_reads(chunks)
+    assert shared == {2: 1}
+    assert whole_rows(chunks, [BlockLoad(b"p", 0, BS)], shared) == 3 * BS
+    staging, whole = torch.zeros(11 + 5 + 11 + BS, 4), torch.zeros(3 * BS, 4)
+    dest, shared_too = read_destinations(chunks, [BlockLoad(b"p", 0, BS)], staging,
+                                         lambda rows: whole if rows == 3 * BS else None)
+    assert shared_too == shared
+    assert dest[2] is dest[1] and dest[0].data_ptr() != dest[1].data_ptr() and len(dest) == 5
+    assert dest[3].data_ptr() == staging[27:].data_ptr()

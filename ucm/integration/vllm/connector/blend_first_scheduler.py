@@ -17,6 +17,11 @@ admitted into a step with a prefill (running, or waiting before it) that has few
 left than its region has rows (at most MAX_HELD_STEPS_IN_ROW steps in a row): its region runs
 beside vLLM's budget, so that prefill's first token would wait for the whole region; held, the
 shorter job ends first and the blend request's own first token comes no later.
+A prefill that short steps hold back is passed by at most MAX_PASSES_PER_PREFILL blend requests:
+in a closed loop blended requests end early and the clients' next ones bunch, and a miss passed by
+each of them made the stream's tail (docs/research.md, "A prefill passed once"). The next blend
+request keeps its place, and while such a prefill runs no Blend region joins its steps (one would
+lengthen them as much as a pass): the region waits for the prefill's prompt to be done.
 
 The default scheduler of `ucm-vllm serve` and of `make_llm` when Blend is on (`default_scheduler_cls`);
 `--scheduler-cls` chooses another. It subclasses vLLM's synchronous `Scheduler`, so it is not used
@@ -53,6 +58,8 @@ SHORT_REGION_BUDGETS = 1.0
 # Short steps in a row at most: then one step of vLLM's own, so a stream of blend requests
 # cannot starve the prefills it holds back.
 MAX_SHORT_STEPS_IN_ROW = 4
+# Blend requests that may go before a given prefill (running, or waiting ahead of them), over its life.
+MAX_PASSES_PER_PREFILL = 1
 # Steps in a row a long region at the head of the queue waits for a running prefill that ends
 # sooner: the prefill gets vLLM's budget each step, so it ends within step_cap / budget steps
 # unless others share the budget; the bound keeps the held request from starving.
@@ -73,6 +80,7 @@ class BlendFirstScheduler(Scheduler):
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
         self._held_in_row = 0  # steps in a row no request was admitted for a prefill about to end
+        self._passes: dict[str, int] = {}  # prefill's request id -> blend requests that went before it
         self._background: dict[str, BackgroundChunk] = {}  # request id -> its chunk, in the engine now
         self._background_prefix = f"ucm-background-{uuid.uuid4().hex[:8]}-"
         self._background_sent = 0
@@ -98,6 +106,8 @@ class BlendFirstScheduler(Scheduler):
                 self.max_num_scheduled_tokens = saved
         if self._short_in_row >= MAX_SHORT_STEPS_IN_ROW or not self._blend_request_first():
             self._short_in_row = 0
+            if self._passed_prefill_runs():
+                return self._yield_step(*args, **kwargs)
             hold_over = self._rows_to_hold_over()
             if hold_over:
                 return self._held_step(hold_over, *args, **kwargs)
@@ -128,6 +138,23 @@ class BlendFirstScheduler(Scheduler):
         finally:
             side.hold_over = None
 
+    def _yield_step(self, *args, **kwargs):
+        """vLLM's step with no blend request admitted: a prefill passed as often as allowed runs on."""
+        side = self.connector.scheduler_side
+        side.stats.add("blend_first_yields")
+        side.hold_over = 0
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            side.hold_over = None
+
+    def _passed_prefill_runs(self) -> bool:
+        """Whether a running prefill was passed MAX_PASSES_PER_PREFILL times and a request waits."""
+        if not self._passes or self._side_if_contended() is None:
+            return False
+        return any(self._passes.get(r.request_id, 0) >= MAX_PASSES_PER_PREFILL
+                   for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+
     def _blend_request_first(self) -> bool:
         """Puts the first waiting request that would blend with a short region at the head of the
         queue; True when there is one and another request shares the step with it."""
@@ -138,15 +165,28 @@ class BlendFirstScheduler(Scheduler):
         for i, request in enumerate(self._looked_ahead()):
             work = side.planned_blend_work(request) if request.status == RequestStatus.WAITING else 0
             if 0 < work <= short:  # a longer region blends in its turn, as under vLLM's scheduler
+                if request.request_id == self._last_first:
+                    return False  # not admitted in its short step (LoRA slots, ...): a normal step
+                passed = self._prefills_before(i)
+                if any(self._passes.get(r, 0) >= MAX_PASSES_PER_PREFILL for r in passed):
+                    return False  # it keeps its place
                 if i > 0:
                     self.waiting.remove_request(request)
                     self.waiting.prepend_request(request)
                     side.stats.add("blend_first_reorders")
-                if request.request_id == self._last_first:
-                    return False  # not admitted in its short step (LoRA slots, ...): a normal step
+                for r in passed:
+                    self._passes[r] = self._passes.get(r, 0) + 1
                 self._last_first = request.request_id
                 return True
         return False
+
+    def _prefills_before(self, index: int) -> list[str]:
+        """The prefills a short step for the waiting request at ``index`` holds back: the running
+        ones with prompt left and the waiting requests ahead of it."""
+        if len(self._passes) > 4 * self.max_num_running_reqs:  # forget requests that ended
+            self._passes = {r: n for r, n in self._passes.items() if r in self.requests}
+        running = [r.request_id for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        return running + [r.request_id for r in islice(self._looked_ahead(), index)]
 
     def _rows_to_hold_over(self) -> int:
         """When the first longer region in the queue would share its step with a prefill (running,

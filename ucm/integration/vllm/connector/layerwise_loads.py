@@ -39,19 +39,25 @@ def layer_groups(num_layers: int, check_layer: int, per_group: int = LAYERS_PER_
 
 
 def read_step(store: KVStoreBase, keys: list[bytes], destinations: list[torch.Tensor], filled: set[int],
-              layered: int, num_layers: int, check_layer: int | None,
-              stats) -> tuple[Task, list[bool], int, LayerwiseLoad | None]:
+              layered: int, num_layers: int, check_layer: int | None, stats,
+              shared: dict[int, int] | None = None) -> tuple[Task, list[bool], int, LayerwiseLoad | None]:
     """Reads a step's blocks not `filled` from prefetches: (task, each block's outcome, bytes read,
     the layer-wise reads still running). Of the first `layered` blocks (chunk blocks of Blend
-    requests, read layer-wise) only the first layer group is waited for."""
-    later = [i for i in range(layered) if i not in filled]
+    requests, read layer-wise) only the first layer group is waited for. A `shared` block (index ->
+    the block whose read lands in its destination too) is not read: its outcome is that block's."""
+    shared = shared or {}
+    stats.add("shared_reads", len(shared))
+    skipped = filled | set(shared)
+    later = [i for i in range(layered) if i not in skipped]
     stats.add("layerwise_blocks", len(later))
     layerwise = LayerwiseLoad(store, [keys[i] for i in later], [destinations[i] for i in later],
                               layer_groups(num_layers, check_layer), stats) if later else None
-    task, ok, read_bytes = read_others(store, keys, destinations, filled | set(later),
+    task, ok, read_bytes = read_others(store, keys, destinations, skipped | set(later),
                                        after_submit=layerwise.start_later if layerwise else lambda: None)
     for i, good in zip(later, layerwise.first_group() if layerwise else ()):
         ok[i] = good
+    for i, j in shared.items():
+        ok[i] = ok[j]
     return task, ok, read_bytes, layerwise
 
 

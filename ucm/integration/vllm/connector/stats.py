@@ -27,6 +27,8 @@ COUNTERS: dict[str, str] = {
     "blend_deferrals": "Times a blend request waited a step because the step's Blend work was at its cap",
     "blend_first_steps": "Steps BlendFirstScheduler kept short (other prefills held to one token) to admit a blend request",
     "blend_first_reorders": "Blend requests BlendFirstScheduler moved to the head of vLLM's waiting queue",
+    "blend_first_yields": "Steps BlendFirstScheduler admitted no blend request: a running prefill had been passed "
+                          "MAX_PASSES_PER_PREFILL times",
     "blend_holds": "Steps BlendFirstScheduler admitted no request so that a running prefill ended before a long "
                    "Blend region at the head of the queue",
     "background_chunks_queued": "Missed chunks queued to be computed alone while no request is waiting or running (background_chunks)",
@@ -62,6 +64,7 @@ COUNTERS: dict[str, str] = {
     "loaded_blocks": "Blocks loaded from the store (exact prefix and chunk)",
     "failed_blocks": "Blocks that could not be loaded and were recomputed",
     "background_loads": "Requests whose exact prefix was read between steps while the others ran (async_prefix_loads)",
+    "shared_reads": "Chunk blocks of a step whose stored block another of its chunk blocks read: read once for both",
     "prefetched_blocks": "Chunk blocks read while their blend request waited in the queue, taken by its step (prefetch_chunks)",
     "load_timeout_blocks": "Blocks whose store load passed load_timeout_s (counted in failed_blocks; recomputed)",
     "blend_errors": "Steps whose load, rotation or Blend forward raised (their requests computed by vLLM instead)",

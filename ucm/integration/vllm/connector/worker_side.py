@@ -24,7 +24,7 @@ from ucm.integration.vllm.connector.metadata import BlockDump, RequestStep, UCMC
 from ucm.integration.vllm.connector.dump_queue import DumpQueue
 from ucm.integration.vllm.connector.layerwise_loads import LayerwiseLoad, read_step
 from ucm.integration.vllm.connector.key_rotation import KeyRotation
-from ucm.integration.vllm.connector.read_layout import num_reads, read_destinations, staged_rows, whole_rows
+from ucm.integration.vllm.connector.read_layout import num_reads, read_destinations, staged_rows
 from ucm.integration.vllm.connector.staged_chunks import stage_chunks
 from ucm.integration.vllm.connector.rank_agreement import PeerLoadFailed, RankAgreement, tensor_parallel_rank_and_size
 from ucm.integration.vllm.connector.reused_buffers import ReusedBuffers
@@ -161,8 +161,8 @@ class WorkerSide:
         # Loads never wait for dumps: the scheduler serves a block only once its dump is confirmed.
         chunk_lds, prefix_lds = [ld for _, ld in chunks], [ld for _, ld in prefix]
         staging = self._staging("chunk_rows", staged_rows(chunk_lds))
-        destinations = read_destinations(chunk_lds, prefix_lds, staging,
-                                         self._staging("whole_blocks", whole_rows(chunk_lds, prefix_lds)))
+        destinations, shared = read_destinations(chunk_lds, prefix_lds, staging,
+                                                 lambda rows: self._staging("whole_blocks", rows))
         keys = [self.store_key(ld.key) for ld in chunk_lds + prefix_lds]
         filled = self._prefetch.fill([(req.req_id, ld) for req, ld in chunks], destinations)
         self.stats.add("prefetched_blocks", len(filled))
@@ -170,7 +170,7 @@ class WorkerSide:
         # Chunk blocks of Blend steps: layer-wise, the first layer group is waited for, the rest read on.
         layered = len(chunks) if blends and self.layerwise and self.world == 1 else 0
         task, ok, read_bytes, self._layerwise = read_step(self.store, keys, destinations, filled, layered,
-                                                          len(self.caches), self.check_layer, self.stats)
+                                                          len(self.caches), self.check_layer, self.stats, shared)
         ok = self._agreement.loaded(len(keys), ok)
         if ok is None:
             raise PeerLoadFailed("another tensor-parallel rank's loads failed")

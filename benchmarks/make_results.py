@@ -697,6 +697,10 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_pass1b_s30_bf16.json', "The Zipf stream at concurrency 4 again with a prefill passed once, plain vLLM then Blend back to back, at the end of the session (the same host, 2026-12-07, a thirtieth session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_pass1b_s30_bf16.json', None),
+    ('rag_traffic_zipf48_c4_pass0_s30_bf16.json', "Blend alone right after with no pass at all (MAX_PASSES_PER_PREFILL 0 in the source for this run: a blend request waits for every running prefill's prompt), not adopted",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_pass0_s30_bf16.json", 'rag_traffic_zipf48_c4_pass1b_s30_bf16.json'),
     ('rag_traffic_zipf48_c2_pass1_s30_bf16.json', "The Zipf stream at concurrency 2 with a prefill passed by one blend request at most and each stored block read once per step, plain vLLM then Blend back to back, right after the two concurrency-4 runs (the same host, 2026-12-07, a thirtieth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 2 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c2_pass1_s30_bf16.json', None),
     ('rag_traffic_zipf48_c4_pass1_s30_bf16.json', "The Zipf stream at concurrency 4 with a prefill passed by one blend request at most (BlendFirstScheduler's MAX_PASSES_PER_PREFILL 1) and each stored block read once per step, an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a thirtieth session)",
@@ -1198,7 +1202,7 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_pass1_s30_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_pass1b_s30_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
                     ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
@@ -1206,7 +1210,7 @@ HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMD host with AVX-512-BF16",
-     "rag_traffic_zipf48_c4_pass1_s30_bf16.json"),
+     "rag_traffic_zipf48_c4_pass1b_s30_bf16.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, float32, on an AVX-512 host without bfloat16",
      "rag_traffic_zipf48_c4_s25_f32.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount, on an AMD host with AVX-512-BF16",

@@ -234,7 +234,7 @@ def test_a_prefill_is_passed_by_one_blend_request_and_the_next_waits_its_turn(sc
     assert counters(scheduler)["blend_first_steps"] == 2
 
 
-def test_vllm_admits_a_blend_request_beside_a_prefill_it_would_not_pass(scheduler, monkeypatch):
+def test_with_the_bound_lifted_the_second_blend_request_passes_too(scheduler, monkeypatch):
     """Without the bound the second blend request passes the prefill too."""
     monkeypatch.setattr(bfs, "MAX_PASSES_PER_PREFILL", 2)
     tokens = [prompt(10 + i) for i in range(2)]

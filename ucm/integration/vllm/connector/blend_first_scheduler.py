@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from itertools import islice
 
 from vllm import SamplingParams
@@ -80,7 +81,7 @@ class BlendFirstScheduler(Scheduler):
         self._last_first: str | None = None  # the request the last short step was for
         self._short_in_row = 0
         self._held_in_row = 0  # steps in a row no request was admitted for a prefill about to end
-        self._passes: dict[str, int] = {}  # prefill's request id -> blend requests that went before it
+        self._passes: Counter[str] = Counter()  # prefill's request id -> blend requests that went before it
         self._background: dict[str, BackgroundChunk] = {}  # request id -> its chunk, in the engine now
         self._background_prefix = f"ucm-background-{uuid.uuid4().hex[:8]}-"
         self._background_sent = 0
@@ -106,11 +107,12 @@ class BlendFirstScheduler(Scheduler):
                 self.max_num_scheduled_tokens = saved
         if self._short_in_row >= MAX_SHORT_STEPS_IN_ROW or not self._blend_request_first():
             self._short_in_row = 0
-            if self._passed_prefill_runs():
-                return self._yield_step(*args, **kwargs)
+            if self._passed_prefill_runs():  # no blend request joins its steps
+                return self._step_holding_over(0, "blend_first_yields", *args, **kwargs)
             hold_over = self._rows_to_hold_over()
             if hold_over:
-                return self._held_step(hold_over, *args, **kwargs)
+                self._held_in_row += 1
+                return self._step_holding_over(hold_over, "blend_holds", *args, **kwargs)
             self._held_in_row = 0
             return super().schedule(*args, **kwargs)
         self._held_in_row = 0
@@ -126,34 +128,26 @@ class BlendFirstScheduler(Scheduler):
         finally:
             config.long_prefill_token_threshold, side.admit_cap = saved, saved_cap
 
-    def _held_step(self, hold_over: int, *args, **kwargs):
+    def _step_holding_over(self, hold_over: int, counter: str, *args, **kwargs):
         """vLLM's step in which no blend request with more than ``hold_over`` rows of Blend work is
-        admitted: the prefill that ends sooner ends without a longer region beside it."""
-        self._held_in_row += 1
+        admitted (0: none): a prefill that ends sooner, or one passed as often as allowed, runs
+        without a region beside it."""
         side = self.connector.scheduler_side
-        side.stats.add("blend_holds")
+        side.stats.add(counter)
         side.hold_over = hold_over
         try:
             return super().schedule(*args, **kwargs)
         finally:
             side.hold_over = None
 
-    def _yield_step(self, *args, **kwargs):
-        """vLLM's step with no blend request admitted: a prefill passed as often as allowed runs on."""
-        side = self.connector.scheduler_side
-        side.stats.add("blend_first_yields")
-        side.hold_over = 0
-        try:
-            return super().schedule(*args, **kwargs)
-        finally:
-            side.hold_over = None
+    def _running_prefills(self) -> list[str]:
+        return [r.request_id for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
 
     def _passed_prefill_runs(self) -> bool:
         """Whether a running prefill was passed MAX_PASSES_PER_PREFILL times and a request waits."""
         if not self._passes or self._side_if_contended() is None:
             return False
-        return any(self._passes.get(r.request_id, 0) >= MAX_PASSES_PER_PREFILL
-                   for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+        return any(self._passes[r] >= MAX_PASSES_PER_PREFILL for r in self._running_prefills())
 
     def _blend_request_first(self) -> bool:
         """Puts the first waiting request that would blend with a short region at the head of the
@@ -168,14 +162,13 @@ class BlendFirstScheduler(Scheduler):
                 if request.request_id == self._last_first:
                     return False  # not admitted in its short step (LoRA slots, ...): a normal step
                 passed = self._prefills_before(i)
-                if any(self._passes.get(r, 0) >= MAX_PASSES_PER_PREFILL for r in passed):
+                if any(self._passes[r] >= MAX_PASSES_PER_PREFILL for r in passed):
                     return False  # it keeps its place
                 if i > 0:
                     self.waiting.remove_request(request)
                     self.waiting.prepend_request(request)
                     side.stats.add("blend_first_reorders")
-                for r in passed:
-                    self._passes[r] = self._passes.get(r, 0) + 1
+                self._passes.update(passed)
                 self._last_first = request.request_id
                 return True
         return False
@@ -184,9 +177,8 @@ class BlendFirstScheduler(Scheduler):
         """The prefills a short step for the waiting request at ``index`` holds back: the running
         ones with prompt left and the waiting requests ahead of it."""
         if len(self._passes) > 4 * self.max_num_running_reqs:  # forget requests that ended
-            self._passes = {r: n for r, n in self._passes.items() if r in self.requests}
-        running = [r.request_id for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
-        return running + [r.request_id for r in islice(self._looked_ahead(), index)]
+            self._passes = Counter({r: n for r, n in self._passes.items() if r in self.requests})
+        return self._running_prefills() + [r.request_id for r in islice(self._looked_ahead(), index)]
 
     def _rows_to_hold_over(self) -> int:
         """When the first longer region in the queue would share its step with a prefill (running,

@@ -60,6 +60,15 @@ def test_adaptive_admits_first_sightings_while_recent_lookups_hit():
     assert not admits_first_sighting("second_sighting", recent)
 
 
+def test_a_cold_lookup_counts_only_when_it_found_something():
+    recent = RecentHits(size=4, evidence=2)
+    recent.add(0, 40, warm=False)  # planned before any request finished: could not have found anything
+    assert recent.share() is None
+    recent.add(8, 40, warm=False)  # found something (another instance's KV): evidence
+    recent.add(0, 40)
+    assert recent.share() == 8 / 80
+
+
 def test_blocks_of_a_chunk_sighted_before_count_as_reuse():
     segs = (Segment(Span(0, 8), b"c0"), Segment(Span(8, 16), b"c1"), Segment(Span(16, 20), b"p4"))
     missed = [ChunkBlock(b"h%d" % i, start, Span(i * BS, (i + 1) * BS), None) for i, start in

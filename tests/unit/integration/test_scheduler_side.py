@@ -963,13 +963,33 @@ def test_adaptive_admission_counts_a_sighted_chunk_as_reuse(tmp_path):
     from ucm.sparse.blend.admission import EVIDENCE_REQUESTS
 
     side = side_for(tmp_path)
-    misses = EVIDENCE_REQUESTS + 2  # the first ones store (no evidence yet), then second-sighting mode
+    misses = EVIDENCE_REQUESTS + 2  # the cold one and the evidence store, then second-sighting mode
     for i in range(misses):
         _computed_dumps(side, f"miss-{i}", prompt(20 + i))
     assert _computed_dumps(side, "unseen", prompt(9)) == []
     # The last miss was only sighted: stored now, and counted as reuse.
     assert _computed_dumps(side, "again", prompt(20 + misses - 1)) != []
     assert _exact_keys(side, "new", prompt(8)) <= set(_computed_dumps(side, "new", prompt(8)))
+
+
+def test_a_cold_starts_concurrent_lookups_are_no_evidence(tmp_path):
+    """Requests planned before any request of the engine finished find nothing on an empty store
+    whatever the traffic: each stores what it computes and none counts as evidence; the evidence
+    is the lookups made once one has finished."""
+    from ucm.sparse.blend.admission import EVIDENCE_REQUESTS
+
+    side = side_for(tmp_path)
+    cold = [request(side, f"cold-{i}", prompt(30 + i)) for i in range(EVIDENCE_REQUESTS + 2)]
+    for req in cold:  # all in flight at once
+        assert side.get_num_new_matched_tokens(req, 0)[0] == 0
+        meta, _ = step(side, [admit(side, req, 0)], {req.request_id: len(req.prompt_token_ids)})
+        assert [r.dumps for r in meta.requests] != [[]]
+    _reap_records(side)
+    for req in cold:
+        side.request_finished(req)
+    for i in range(EVIDENCE_REQUESTS):  # still no evidence when each is planned: stored
+        assert _computed_dumps(side, f"miss-{i}", prompt(40 + i)) != []
+    assert _computed_dumps(side, "unseen", prompt(9)) == []  # two lookups that could have found: no reuse
 
 
 def test_a_store_down_on_a_worker_makes_the_schedulers_lookups_miss(tmp_path):

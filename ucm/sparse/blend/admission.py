@@ -16,8 +16,11 @@ The adaptive rule stores on first sighting while the engine's recent requests fi
 they look for (a stream that repeats: a second sighting would only delay the first hit) and
 falls back to the second sighting when they do not. What they find counts whether it was stored
 as KV or only sighted: a repeat is evidence of reuse either way, so a stream that starts to
-repeat while in second-sighting mode goes back to first sightings at once. A new engine has no
-evidence yet: it assumes the reuse it was configured for and stores its first requests' KV.
+repeat while in second-sighting mode goes back to first sightings at once. A lookup is evidence
+only when it could have found something: a request planned before any request of this engine has
+finished finds nothing on an empty store whatever the traffic (the concurrent requests of a cold
+start), so it counts only if it found something. Until the evidence is in, the engine assumes the
+reuse it was configured for and stores the KV it computes.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ ADMISSION_POLICIES = (ADAPTIVE, FIRST_SIGHTING, SECOND_SIGHTING)
 # sighting is stored. A prompt's own system message hits on every request: a small share.
 ADMIT_ALL_HIT_SHARE = 0.1
 RECENT_REQUESTS = 16  # the window of that share
-EVIDENCE_REQUESTS = 4  # requests in the window before the share is trusted (before: first sightings stored)
+# Lookups that count (RecentHits.add) in the window before the share is trusted (before: first sightings
+# stored). Chosen over many streams, not one (benchmarks/admission_sim.py; docs/research.md, "Admission's
+# evidence, replayed").
+EVIDENCE_REQUESTS = 2
 # What a sighting record holds: its format, so that a record is never mistaken for KV or a reference.
 SIGHTING_RECORD = b"ucm-sighting-v1\0"
 
@@ -105,14 +111,17 @@ class Admission:
 
 class RecentHits:
     """The share of looked-up chunk blocks found (stored, or sighted), over the last `size`
-    requests that looked any up."""
+    requests whose lookups count."""
 
     def __init__(self, size: int = RECENT_REQUESTS, evidence: int = EVIDENCE_REQUESTS):
         self._window: deque[tuple[int, int]] = deque(maxlen=size)
         self.evidence = evidence
+        self.warm = False  # a request of this engine that looked chunks up has finished
 
-    def add(self, found: int, looked_up: int) -> None:
-        if looked_up:
+    def add(self, found: int, looked_up: int, warm: bool = True) -> None:
+        """Counts a lookup; `warm`: whether it was made after a request of this engine finished
+        (`self.warm` then). A cold lookup that found nothing says nothing about reuse."""
+        if looked_up and (warm or found):
             self._window.append((found, looked_up))
 
     def share(self) -> float | None:

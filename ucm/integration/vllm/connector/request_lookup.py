@@ -107,6 +107,7 @@ class RequestLookup:
         state.refused = refused
         state.indexing = asks_nothing(layout) or params.get(INDEX_PARAM) is True
         state.admission = self._admission(keys, state.indexing, plan, hashes, exact_stored)
+        state.warm_lookup = self.recent_hits.warm
         if plan is not None and self.loads and not params.get(DISABLE_BLEND_PARAM):
             choose_region(state, params, self.params, self.blend.min_hit_share, self.step_cap)
         return state
@@ -129,7 +130,7 @@ class RequestLookup:
         much of what it looked up it found (an indexing request looks up what it is about to store)."""
         if state.plan is not None and not state.indexing:
             self.recent_hits.add(len(state.plan.loaded) + reused_unstored(state.plan.missed, state.admission),
-                                 len(state.plan.blocks))
+                                 len(state.plan.blocks), state.warm_lookup)
         fingerprints = state.admission.first_sightings() if state.admission else []
         if fingerprints:
             self.view.write_records([state.keys.key(KeyKind.SIGHTING, h) for h in fingerprints],
@@ -145,8 +146,12 @@ class RequestLookup:
         state.untrusted = True
         return state
 
-    def forget(self, req_id: str) -> None:
+    def forget(self, req_id: str, state: RequestState | None = None) -> None:
+        """Drops what the lookup kept of a request; `state`: it finished (its KV and sightings are
+        in the store, so later lookups could find them)."""
         self._waiting.pop(req_id, None)
+        if state is not None and state.plan is not None:
+            self.recent_hits.warm = True
 
 
 def leading_hits(lookup: Callable[[KeyKind, list[bytes]], list[bool]], hashes: list[bytes], first: int) -> list[bool]:

@@ -61,6 +61,7 @@ class RequestState:
     refused: tuple[str, ...] = ()  # per-request parameters it sent that the operator does not allow
     untrusted: bool = False  # a load failed or its region was not run: nothing more of it is dumped
     admission: Admission | None = None  # which segments it stores (admission.py); None: all
+    warm_lookup: bool = True  # planned after a request of this engine finished (its lookup is evidence)
     indexing: bool = False  # it asks nothing (ends with a chunk) or sent ucm_index: stores on first sighting
     num_dumped: int = 0
     dumped_blocks: set[int] = field(default_factory=set)  # exact prefix blocks done

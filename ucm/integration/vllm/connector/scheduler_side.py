@@ -319,7 +319,7 @@ class SchedulerSide:
         state = self._states.pop(request.request_id, None)
         self.hashes.forget(request.request_id)
         self._resumed.pop(request.request_id, None)
-        self.lookup.forget(request.request_id)
+        self.lookup.forget(request.request_id, state)
         self._deferred.pop(request.request_id, None)
         self.reads.forget(request.request_id)
         if state is None:

@@ -10,7 +10,7 @@ count), and finds the KV of request i only when i's prefill ended before j was p
 i <= j - lag, for lag c (the requests in flight beside it have not finished theirs) and c - 1 (one
 has: a served run's hits lie between the two). A
 passage is a chunk of ceil(its tokens / block size) blocks (a chunk's last, partial block counts); each prompt adds one system block that
-every request finds once the first one stored it. The suffix (question) is left out.
+every request after the first finds (the first one's first step stores it). The suffix (question) is left out.
 
     python benchmarks/admission_sim.py --seeds 100 --out benchmarks/results/admission_sim.json
 
@@ -54,7 +54,7 @@ def replay(stream, blocks: dict[int, int], evidence: int, threshold: float, lag:
     for j, req in enumerate(stream):
         available = lambda i: i is not None and i <= j - lag  # noqa: E731
         found = sum(blocks[p] for p in req.passages if available(stored_by.get(p)))
-        found += 1 if available(system_stored_by) else 0
+        found += 1 if system_stored_by is not None else 0  # stored by the first request's first step
         looked_up = sum(blocks[p] for p in req.passages) + 1
         share = recent.share()
         first = share is None or share >= threshold
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", default="2,4", help="closed-loop concurrencies")
     p.add_argument("--rules", default="4:0.1:any,3:0.1:any,2:0.1:warm,3:0.1:warm",
                    help="evidence lookups:hit-share threshold:which lookups count (any, or warm: those made after "
-                        "a request finished, and cold ones that found something), comma separated")
+                        "a request finished, and cold ones that found the threshold's share), comma separated")
     p.add_argument("--out", type=Path, default=None, help="JSON of the results")
     args = p.parse_args(argv)
     rules = [(int(e), float(t), w == "warm") for e, t, w in (r.split(":") for r in args.rules.split(","))]

@@ -60,11 +60,12 @@ def test_adaptive_admits_first_sightings_while_recent_lookups_hit():
     assert not admits_first_sighting("second_sighting", recent)
 
 
-def test_a_cold_lookup_counts_only_when_it_found_something():
+def test_a_cold_lookup_counts_only_when_what_it_found_shows_reuse():
     recent = RecentHits(size=4, evidence=2)
     recent.add(0, 40, warm=False)  # planned before any request finished: could not have found anything
+    recent.add(1, 40, warm=False)  # the block every prompt shares: no evidence either way
     assert recent.share() is None
-    recent.add(8, 40, warm=False)  # found something (another instance's KV): evidence
+    recent.add(8, 40, warm=False)  # found a share of it (another instance's KV): evidence
     recent.add(0, 40)
     assert recent.share() == 8 / 80
 

@@ -18,8 +18,8 @@ falls back to the second sighting when they do not. What they find counts whethe
 as KV or only sighted: a repeat is evidence of reuse either way, so a stream that starts to
 repeat while in second-sighting mode goes back to first sightings at once. A lookup is evidence
 only when it could have found something: a request planned before any request of this engine has
-finished finds nothing on an empty store whatever the traffic (the concurrent requests of a cold
-start), so it counts only if it found something. Until the evidence is in, the engine assumes the
+finished finds little on an empty store whatever the traffic (the concurrent requests of a cold
+start), so it counts only if it found enough to show reuse. Until the evidence is in, the engine assumes the
 reuse it was configured for and stores the KV it computes.
 """
 
@@ -120,8 +120,10 @@ class RecentHits:
 
     def add(self, found: int, looked_up: int, warm: bool = True) -> None:
         """Counts a lookup; `warm`: whether it was made after a request of this engine finished
-        (`self.warm` then). A cold lookup that found nothing says nothing about reuse."""
-        if looked_up and (warm or found):
+        (`self.warm` then). A cold lookup counts only when what it found shows reuse by itself
+        (ADMIT_ALL_HIT_SHARE): the little it finds otherwise (the block every prompt shares, stored
+        by the first request's first step) says nothing about the rest."""
+        if looked_up and (warm or found >= ADMIT_ALL_HIT_SHARE * looked_up):
             self._window.append((found, looked_up))
 
     def share(self) -> float | None:

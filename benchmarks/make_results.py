@@ -697,6 +697,16 @@ SERVE_RERUNS = [
 # runs a Blend-only run is compared with: the same stream and plain server)
 # (result file, section title, command, file whose plain vLLM rows this one is compared with, or None)
 TRAFFIC_RUNS = [
+    ('rag_traffic_zipf48_c4_warm2c_s31_bf16.json', "Blend alone with the committed rule again, right after the rule before (the third of three Blend runs against one plain run)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_warm2c_s31_bf16.json", 'rag_traffic_zipf48_c4_warm2_s31_bf16.json'),
+    ('rag_traffic_zipf48_c4_ev4any_s31_bf16.json', "Blend alone with the rule before (4 lookups of evidence, every lookup counted; EVIDENCE_REQUESTS 4 and RecentHits.add counting any lookup in the source for this run), right after the committed rule's first run",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_ev4any_s31_bf16.json", 'rag_traffic_zipf48_c4_warm2_s31_bf16.json'),
+    ('rag_traffic_zipf48_c4_warm2b_s31_bf16.json', "Blend alone right after, with the committed rule: a cold lookup counts only when it found the threshold's share (2026-12-07, a thirty-first session)",
+     "python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --servers blend --out benchmarks/results/rag_traffic_zipf48_c4_warm2b_s31_bf16.json", 'rag_traffic_zipf48_c4_warm2_s31_bf16.json'),
+    ('rag_traffic_zipf48_c4_warm2_s31_bf16.json', "The Zipf stream at concurrency 4 with admission's evidence from 2 lookups, a cold start's lookups counted when they found anything (a first version, not kept: the block every prompt shares made them count), plain vLLM then Blend back to back, right after the no-reuse run (the same host, 2026-12-07, a thirty-first session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_warm2_s31_bf16.json', None),
+    ('rag_traffic_fresh36_warm2_s31_bf16.json', "RAG stream with no reuse, 36 requests, one untimed warm-up request per server, with admission's evidence from 2 lookups made after a request finished (run with the first version, where a cold lookup counted when it found anything; the committed rule decides the same here: the warm-up finds nothing, every later lookup is warm), an AMD EPYC host with AVX-512-BF16 (2 cores), bfloat16, plain vLLM then Blend back to back, nothing else running (2026-12-07, a thirty-first session)",
+     'python benchmarks/rag_traffic.py --dtype bfloat16 --fresh --num-requests 36 --concurrency 2 --warmup 1 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_fresh36_warm2_s31_bf16.json', None),
     ('rag_traffic_zipf48_c4_pass1b_s30_bf16.json', "The Zipf stream at concurrency 4 again with a prefill passed once, plain vLLM then Blend back to back, at the end of the session (the same host, 2026-12-07, a thirtieth session)",
      'python benchmarks/rag_traffic.py --dtype bfloat16 --num-requests 48 --concurrency 4 --logprobs 20 --alone 0 --no-plot --out benchmarks/results/rag_traffic_zipf48_c4_pass1b_s30_bf16.json', None),
     ('rag_traffic_zipf48_c4_pass0_s30_bf16.json', "Blend alone right after with no pass at all (MAX_PASSES_PER_PREFILL 0 in the source for this run: a blend request waits for every running prefill's prompt), not adopted",
@@ -1202,15 +1212,16 @@ TRAFFIC_RUNS = [
      "benchmark set VLLM_CPU_NUM_OF_RESERVED_CPU=0", None),
 ]
 # The README's stream rows: (result file, what it measured)
-HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_pass1b_s30_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
-                    ("rag_traffic_fresh36_s22_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
+HEADLINE_TRAFFIC = [("rag_traffic_zipf48_c4_warm2c_s31_bf16.json", "a RAG stream of new and repeated passages (Zipf, no indexing"),
+                    ("rag_traffic_fresh36_warm2_s31_bf16.json", "a RAG stream of new passages only (no reuse, KV stored "
                      "on second sighting")]
 # The README's rows for the larger models (offline, Blend 0.15 with the defaults against full prefill)
 HEADLINE_LARGER = ["qwen15_query_shares_gen20_59.json", "qwen05_long_shares_bf16_gen8.json"]
 # The latest page: (the benchmark, its latest run); every other run goes to the history page.
 LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 4, bfloat16, on an AMD host with AVX-512-BF16",
-     "rag_traffic_zipf48_c4_pass1b_s30_bf16.json"),
+     "rag_traffic_zipf48_c4_warm2c_s31_bf16.json"),
+    ("Admission rules replayed over many streams", "admission_sim.json"),
     ("RAG stream with reuse (Zipf), concurrency 4, float32, on an AVX-512 host without bfloat16",
      "rag_traffic_zipf48_c4_s25_f32.json"),
     ("RAG stream with 5 ms added to every file operation of the store's mount, on an AMD host with AVX-512-BF16",
@@ -1293,7 +1304,7 @@ LATEST = [
     ("RAG stream with reuse (Zipf), concurrency 2", "rag_traffic_zipf48_c2_short_regions.json"),
     ("RAG stream with reuse (Zipf), concurrency 4", "rag_traffic_zipf48_c4_short_regions.json"),
     ("RAG stream with reuse (Zipf) on Qwen2.5-Coder-0.5B-Instruct", "qwen05_zipf48_c2_held.json"),
-    ("RAG stream without reuse, on a host twice as slow", "rag_traffic_fresh36_s22_bf16.json"),
+    ("RAG stream without reuse, bfloat16, on an AMD host with AVX-512-BF16", "rag_traffic_fresh36_warm2_s31_bf16.json"),
     ("RAG stream without reuse", "rag_traffic_fresh36_compiled_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes", "rag_traffic_zipf110_hang300_s16_bf16.json"),
     ("RAG stream with the store's mount hung for 5 minutes, plain vLLM and the store before",
@@ -1369,6 +1380,25 @@ HIT_THRESHOLD_RUNS = [
      "--num-questions 2 --hits 0,2,3,5,7,10 --ratio 0.15 --out benchmarks/results/qwen05_hit_threshold.json "
      "(Qwen2.5-Coder-0.5B-Instruct; the Blend times at k = 7 include waiting for the indexing dumps)"),
 ]
+
+ADMISSION_SIM_RUN = ("admission_sim.json", "python benchmarks/admission_sim.py --seeds 100 "
+                     "--out benchmarks/results/admission_sim.json")
+
+
+def admission_sim_table(data: dict) -> list[str]:
+    """The adaptive admission rule's variants replayed over many Zipf streams and the fresh one."""
+    lines = ["| evidence lookups | which count | hit-share threshold | concurrency | KV found after | Zipf: chunk blocks "
+             "hit, mean (min..max) | Zipf seed 0 | Zipf: blocks written (mean) | fresh: KV written / computed |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rules"]:
+        lines.append(f"| {r['evidence']} | {r['lookups']} | {r['threshold']} | {r['concurrency']} | {r['lag']} requests "
+                     f"| {r['zipf_hit_mean']:.1%} ({r['zipf_hit_min']:.1%}..{r['zipf_hit_max']:.1%}) "
+                     f"| {r['zipf_hit_seed0']:.1%} | {r['zipf_written_mean']:.0f} | {r['fresh_written_share']:.1%} |")
+    return [f"{data['seeds']} Zipf streams of {data['num_requests']} requests (rag_traffic.py's, seeds 0..{data['seeds'] - 1}) "
+            "and the fresh stream of 36 requests after one warm-up, replayed through the connector's rule without a "
+            "server. \"which count\": any lookup (the rule before), or warm ones (made after a request of the engine "
+            "finished) and cold ones that found at least the threshold's share. \"KV found after\": request j finds request i's KV when "
+            "i <= j - that (a served run lies between c and c - 1).", "", *lines]
 
 
 def _ci(row: dict, key: str, fmt: str) -> str:
@@ -1959,6 +1989,8 @@ def sections() -> list[tuple[str, list[str]]]:
         model = " (Qwen2.5-Coder-0.5B-Instruct)" if name.startswith("qwen05") else ""
         out.append(_section(f"Where Blend pays: one request, k of 10 passages cached{model}", f"`{command}`", name,
                             hit_threshold_table))
+    name, command = ADMISSION_SIM_RUN
+    out.append(_section("Admission rules replayed over many streams", f"`{command}`", name, admission_sim_table))
     for name, title, command in PROFILE_RUNS:
         out.append(_section(title, f"`{command}`", name, profile_table))
     name, command = STORM_RUN
